@@ -71,24 +71,30 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   vLLM keeps that copy cached until it evicts it); a twin taking over the block's own key
   keeps its own entry, if its request put one there.
 - Fine-grained partial hits (``partial``: vLLM's ``enable_partial_hash_hits``, on for a
-  Mamba group larger than the hash block beside full attention at the hash block; the
-  subset modelled here: every other group full attention of the hash block's size, no
-  EAGLE, no lookahead, no checkpoint blocks). Hits and caching go at ``h``, not
-  ``align``: the hit is the largest multiple of ``h`` at which every full-attention
-  group holds every block and every Mamba group holds a block under the key of the
-  whole prefix (a block's own key, or a partial entry); a Mamba group's hit entries are
-  ``(L - 1) // b`` nulls and that block. A step ending exactly at the prompt's last hash
+  Mamba group larger than the hash block; the subset modelled here: Mamba groups of one
+  size, every other group full attention of one size, no EAGLE, no lookahead, no
+  checkpoint blocks). Hits and caching go at ``h``, not ``align``: full attention's hit
+  ``F`` is its run of whole blocks, then (a block larger than ``h``) the longest hash
+  boundary inside the next one whose prefix it holds as a partial entry; the hit is
+  the largest multiple ``L <= F`` of ``h`` at which every Mamba group holds a block
+  under the key of the whole prefix (a block's own key, or a partial entry)
+  (``_fine_hit``); a Mamba group's hit entries are ``(L - 1) // b`` nulls and that
+  block, full attention's the first ``cdiv(L, b)`` blocks it found. A full-attention
+  group larger than ``h`` holds the prompt's last hash boundary ``P`` (below) as an
+  entry of the block it lies in once the request computed it (``_full_tail``); the
+  request keeps writing that block, and its whole key replaces the entry (promotion,
+  the entry then added back beside it). A step ending exactly at the prompt's last hash
   boundary ``P = (prompt - 1) // h * h``, inside a Mamba block, stores the prefix up to
   ``P`` as an entry of that block (vLLM's ``cache_partial_block``); the producer owns it.
-  A hit inside a block is copied on write: the admission takes one more block (first of
-  its group's new ones), puts it in the table in the source's place and queues the copy
-  (source, copy), both kept held until ``take_copies``' caller frees them (vLLM's
-  ``take_kv_cache_block_copies``, whose blocks the scheduler frees once the copy ran);
-  the copy is cached once full. The producer's next allocation takes one more block
-  too, first, moves the source's entries to it (the request keeps writing the source,
-  which is cached once full) and queues the same copy, both ends held the same way.
-  Taking a block that holds keys evicts them all; a block cached whole while holding a
-  shorter entry loses it first (vLLM's promotion).
+  A hit inside a block (Mamba or full attention) is copied on write: the admission takes
+  one more block (first of its group's new ones), puts it in the table in the source's
+  place and queues the copy (source, copy), both kept held until ``take_copies``' caller
+  frees them (vLLM's ``take_kv_cache_block_copies``, whose blocks the scheduler frees
+  once the copy ran); the copy is cached once full. A Mamba producer's next allocation
+  takes one more block too, first, moves the source's entries to it (the request keeps
+  writing the source, which is cached once full) and queues the same copy, both ends
+  held the same way. Taking a block that holds keys evicts them all; a block cached
+  whole while holding a shorter entry loses it first (vLLM's promotion).
 - Chunk-end checkpoints (``checkpoint``, with ``partial``: vLLM's
   ``num_prefill_checkpoint_blocks = 1``, ``prefill_checkpoint_alignment`` the hash
   block, dense retention, no lookahead, no EAGLE). A step from ``s`` to ``e`` checkpoints
@@ -181,11 +187,7 @@ class SizedModel:
         """The hit in tokens and each group's hit entries."""
         limit = len(tokens) - 1
         if self.partial:
-            for end in range(limit - limit % self.h, 0, -self.h):
-                rows = self._fine_rows(tokens, extra, end)
-                if rows is not None:
-                    return end, rows
-            return 0, [[] for _ in self.groups]
+            return self._fine_hit(tokens, extra, limit)
         if self.peek is not None:
             end = self._peek_hit(tokens, extra, limit)
             return end, [[self.null if j < first_needed(w, end) // b
@@ -200,16 +202,40 @@ class SizedModel:
                               for j in range(end // b)] for g, (b, w) in enumerate(self.groups)]
         return 0, [[] for _ in self.groups]
 
-    def _fine_rows(self, tokens, extra, end):
-        """Each group's hit entries at ``end`` with partial hits, None unless all hold it."""
+    def _fine_hit(self, tokens, extra, limit):
+        """The hit with partial hits, as vLLM's coordinator finds it in one pass (full
+        attention first, of one block size ``bf``; then the Mamba groups, of one size):
+        full attention's hit ``F`` is its run of whole blocks held by every group (key
+        of the prefix to the block's end), then the longest hash boundary inside the next
+        block whose prefix every group holds (a partial entry; vLLM's fine-grained
+        ``FullAttentionManager.find_longest_cache_hit``); the hit is the longest
+        boundary ``L <= F`` whose prefix every Mamba group holds. Full attention's rows
+        are the first ``cdiv(L, bf)`` of the blocks it found (the last the partial
+        entry's block, found at ``F``, when ``L`` passes the run)."""
+        full = [g for g, (_, w) in enumerate(self.groups) if w is None]
+        mamba = [g for g, (_, w) in enumerate(self.groups) if w == "mamba"]
+        bf = self.groups[full[0]][0]
+
+        def held(gs, end):
+            return all((g, extra, tuple(tokens[:end])) in self.holders for g in gs)
+
+        k = 0
+        while (k + 1) * bf <= limit and held(full, (k + 1) * bf):
+            k += 1
+        top = next((e for e in range(min(k * bf + bf - self.h, limit // self.h * self.h), k * bf, -self.h)
+                    if held(full, e)), k * bf)
+        end = next((e for e in range(top, 0, -self.h) if held(mamba, e)), 0)
+        if not end:
+            return 0, [[] for _ in self.groups]
         rows = []
         for g, (b, w) in enumerate(self.groups):
-            keys = [self.key(g, extra, tokens, j) for j in range(end // b)] if w is None else \
-                [(g, extra, tuple(tokens[:end]))]
-            if not all(k in self.holders for k in keys):
-                return None
-            rows.append([self.null] * ((end - 1) // b if w else 0) + [self.holders[k][0] for k in keys])
-        return rows
+            if w is None:
+                ends = [(j + 1) * b for j in range(k)] + ([top] if top > k * b else [])
+                rows.append([self.holders[(g, extra, tuple(tokens[:e]))][0] for e in ends][:cdiv(end, b)])
+            else:
+                found = self.holders[(g, extra, tuple(tokens[:end]))][0]
+                rows.append([self.null] * ((end - 1) // b) + [found])
+        return end, rows
 
     def take_copies(self):
         """The copies queued since the last call (source, copy); their blocks stay held
@@ -346,7 +372,7 @@ class SizedModel:
             skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
             fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
             ck = w == "mamba" and self._checkpoint(b, h, end, end + num_new) is not None
-            need += min(fresh, 1) + ck + bool(self.partial and h and end % b) if w == "mamba" else fresh
+            need += (min(fresh, 1) + ck if w == "mamba" else fresh) + bool(self.partial and h and end % b)
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
@@ -354,7 +380,7 @@ class SizedModel:
                 junction=0 if self.retention is None else self.junction(tokens, extra, end))
         for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
             skip = skipped(w, e, end) // b
-            if w == "mamba" and h and end % b:  # (a hit inside the block: copied on write)
+            if self.partial and h and end % b:  # (a hit inside the block: copied on write)
                 r.cow[g] = (len(h) - 1, h[-1], False)
             elif w == "mamba" and h:
                 r.exact.add((g, len(h) - 1))
@@ -393,7 +419,10 @@ class SizedModel:
         for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
             fresh = max(cdiv(r.computed, b) - len(ids), 0)
             if w != "mamba":
-                ids += self._take(fresh)
+                new = self._take(fresh + (g in r.cow))
+                if g in r.cow:  # (a hit inside a full-attention block: copied on write)
+                    self._copy(r, g, new.pop(0))
+                ids += new
                 continue
             ck = self._checkpoint(b, ids, start, r.computed)
             new = self._take(int(fresh > 0) + (ck is not None) + (g in r.cow))
@@ -455,7 +484,8 @@ class SizedModel:
             full = min(end, hashed) // b
             for j in range(r.cached[g] if lo is None else min(r.cached[g], lo // b), full):
                 x = r.tables[g][j]
-                if x == self.null or self._holds(x) or not self._reachable(g, j, r) \
+                if x == self.null or self._holds(x) and not self._shorter(x, (j + 1) * b) \
+                        or not self._reachable(g, j, r) \
                         or (w == "mamba" and (g, j) not in r.exact) \
                         or r.lost is not None and (j + 1) * b // self.h > r.lost:
                     continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
@@ -471,11 +501,14 @@ class SizedModel:
                 self.holders[key].append(x)
                 self.keys[x].append(key)
             r.cached[g] = max(r.cached[g], full)
-            self._tail(r, g, min(end, hashed))
             if self.partial and w == "mamba" and g in r.checkpoints:
                 self._checkpointed(r, g)
             elif self.partial and w == "mamba":
                 self._partial_tail(r, g, computed)
+            elif self.partial:
+                self._full_tail(r, g, computed)
+            else:
+                self._tail(r, g, min(end, hashed))
 
     def _checkpointed(self, r, g):
         """The step's checkpoint at ``c`` inside entry ``j + 1``: an entry of the prefix
@@ -505,6 +538,20 @@ class SizedModel:
             self._hold(x, key)
         r.cow[g], r.cached[g] = (cdiv(end, b) - 1, x, True), cdiv(end, b) - 1
 
+    def _full_tail(self, r, g, computed):
+        """With partial hits, a full-attention group larger than the hash block, once
+        ``computed`` reaches the prompt's last hash boundary ``P`` before its last token
+        inside one of its blocks, holds ``P``'s prefix as an entry of that block (vLLM's
+        ``FullAttentionManager._cache_partial_tail_block``, at every caching; once per
+        block); the request keeps writing the block, which is promoted once whole."""
+        b, end = self.groups[g][0], (r.prompt - 1) // self.h * self.h
+        if not end or end > computed or not end % b or end // b >= len(r.tables[g]):
+            return
+        x, key = r.tables[g][end // b], (g, r.extra, tuple(r.tokens[:end]))
+        if key in self.keys[x]:
+            return
+        self._hold(x, key)  # (vLLM first drops a shorter own key: never one at ``P`` here)
+
     def _tail(self, r, g, hi):
         b, w = self.groups[g]
         peek = self.peek is not None and self.peek[g]
@@ -528,6 +575,11 @@ class SizedModel:
             if not self.tail_holders[entry]:
                 del self.tail_holders[entry]
                 self.events.append(("removed", entry))
+
+    def _shorter(self, x, n):
+        """With partial hits, whether block ``x`` holds keys, all shorter than ``n`` tokens
+        (a partial entry of a block now whole: vLLM promotes it; a spare holds none)."""
+        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x])
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""

@@ -2,11 +2,15 @@
 scenes of vLLM 0.33's tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py
 (hash block 2, full attention at 2, Mamba at 4), and the refusals."""
 
+import dataclasses
+
 import pytest
 
 from prefixkv.errors import ConfigError, RequestError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
+from prefixkv.groups.events import GroupBlockStored
 from prefixkv.groups.results import GroupBlockCopy
+from prefixkv.hashing import encode_tokens, token_bytes
 
 
 def _manager(num_blocks=20):
@@ -64,10 +68,28 @@ def test_partial_hits_are_refused_where_not_served(specs, sizes):
         HybridKVCacheManager(specs, 20, BlockSizes.of(sizes, hash_size=2, partial=True))
 
 
-def test_partial_hits_refuse_events_and_peek():
-    with pytest.raises(ConfigError):
-        HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True),
-                             enable_events=True)
+def test_a_partial_entry_is_announced_as_one_hash_block_and_moves_silently():
+    m = HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True),
+                             hash_mode="sha256", enable_events=True, max_events=64)
+    m.add_request("0", [0, 0, 1, 1, 2, 2, 3], num_new_tokens=6)  # (ends at the prompt's last boundary)
+    source = m.get_block_ids("0")[1][1]
+    (entry,) = [e for e in m.take_events() if e.group_idx == 1]
+    assert (entry.block_size, entry.block_ids, entry.first_block) == (2, (source,), 2)  # (tokens 4..5)
+    assert entry.token_bytes == token_bytes(encode_tokens([2, 2]))
+    stored = [e for e in m._index.snapshot() if isinstance(e, GroupBlockStored)]  # (what is findable)
+    assert entry.parent_block_hash == next(e for e in stored if e.group_idx == 0 and e.first_block == 1
+                                           ).block_hashes[0]  # (the prefix of 4: full attention's block 1)
+    assert m.extend("0", 1) is not None  # (the owner goes on: its entry moves to a copy)
+    (op,) = m.take_kv_ops()
+    assert [e for e in m.take_events() if e.group_idx == 1] == []  # (moved silently, as vLLM)
+    moved = [e for e in m._index.snapshot() if isinstance(e, GroupBlockStored) and e.group_idx == 1]
+    assert moved == [dataclasses.replace(entry, block_ids=(op.dst,))]
+    m.free("0")
+    m.release_copies([op])
+    assert m.reset_prefix_cache()
+
+
+def test_partial_hits_refuse_peek():
     with pytest.raises(ConfigError):
         BlockSizes.of([2, 4], peek=[True, False], partial=True)
     with pytest.raises(ConfigError):

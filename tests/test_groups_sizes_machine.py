@@ -44,7 +44,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     extra_blocks = 4  # past one longest request's blocks (constant eviction)
     live = LIVE
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
-    partial = False  # (vLLM's fine-grained partial hits: no events then)
+    partial = False  # (vLLM's fine-grained partial hits)
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
     retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
 
@@ -59,7 +59,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
-                                      enable_events=not self.partial, max_events=1 << 12)
+                                      enable_events=True, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
                                 twins=True, peek=self.peek or None, retained=retained, partial=self.partial,
                                 checkpoint=self.checkpoints, retention=self.retention)
@@ -249,8 +249,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     @invariant()
     def same_events(self):
-        if self.partial:
-            return
         got = []
         for ev in self.m.take_events():
             if isinstance(ev, AllBlocksCleared):

@@ -259,12 +259,12 @@ def _hash_and_lcm(groups: tuple[tuple[int, int | None], ...]) -> tuple[int, int]
 
 
 def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int,
-            num_blocks: int = 400) -> Any:
+            num_blocks: int = 400, events: bool = False) -> Any:
     """prefixkv's plug-in over the layout ``_vllm`` gives vLLM's manager."""
     from prefixkv.integrations.vllm import KVCacheManager
 
     return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
-                          scheduler_block_size=lcm, hash_block_size=hash_size)
+                          scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))

@@ -64,6 +64,9 @@ def test_mamba_with_vllms_partial_hits_is_read_where_served(groups, scheduler, h
     layout = _read(groups, scheduler, hashes)
     assert layout.sizes == BlockSizes.of([b for b, _ in groups], hashes, scheduler, partial=True)
     assert layout.sizes.unit == hashes
+    from prefixkv.integrations.vllm.layout import build_core
+
+    assert build_core(layout, enable_caching=True, enable_events=True)[0].sizes.partial  # (events too)
 
 
 def test_one_size_reads_as_before():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from functools import reduce
 from typing import Any
 
@@ -51,12 +52,16 @@ def _chunk(step: int, start: int, n: int, total: int) -> int:
 
 
 class Sides:
-    def __init__(self, groups: Any, num_blocks: int = 400, partial: bool = False) -> None:
+    def __init__(self, groups: Any, num_blocks: int = 400, partial: bool = False,
+                 events: bool = False) -> None:
         self.partial = partial  # (vLLM's fine-grained partial hits on: chunks cut as its scheduler does)
         sizes = [b for b, _ in groups]
         self.h, self.lcm = reduce(math.gcd, sizes), reduce(math.lcm, sizes)
         self.step = reduce(math.lcm, [b for b, w in groups if w == "mamba"])
-        self.ms = [_vllm(groups, self.h, self.lcm, num_blocks), _plugin(groups, self.h, self.lcm, num_blocks)]
+        self.ms = [_vllm(groups, self.h, self.lcm, num_blocks, events=events),
+                   _plugin(groups, self.h, self.lcm, num_blocks, events=events)]
+        self.names: list[dict[Any, tuple[int, ...]]] = [{}, {}]  # each side's chain hash -> its tokens
+        self.partial_entries = 0  # (partial entries announced, with events)
         self.reqs: list[dict[str, Any]] = [{}, {}]
         self.serial = 0
         self.hits = 0  # (probes that hit)
@@ -83,6 +88,33 @@ class Sides:
         for m, blocks in zip(self.ms, (held, ours_held), strict=True):
             m.block_pool.free_blocks(blocks)
         assert self.ms[0].block_pool.get_num_free_blocks() == self.ms[1].block_pool.get_num_free_blocks()
+
+    def same_events(self, groups: Any) -> None:
+        """Both sides announce and withdraw the same entries in the step: (stored or
+        removed, group, the prefix's tokens, the size announced), a Mamba group's partial
+        entry as one hash block (vLLM's empty ``BlockStored``, a step whose Mamba blocks
+        it skipped, left out)."""
+        from vllm.distributed.kv_events import BlockStored
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        def _key(h: Any) -> Any:  # (vLLM's events carry an int, prefixkv's bytes)
+            return h if isinstance(h, int) else maybe_convert_block_hash(h)
+
+        for r in self.reqs[0].values():
+            tokens = list(r.all_token_ids)
+            for side, hashes in enumerate((r.block_hashes, self.ms[1].core.prepare(tokens).hashes)):
+                for i, h in enumerate(hashes):
+                    self.names[side][_key(h)] = tuple(tokens[:(i + 1) * self.h])
+        got = []
+        for m, names in zip(self.ms, self.names, strict=True):
+            got.append(Counter((type(e).__name__, getattr(e, "group_idx", None),
+                                names[_key(h)] if hasattr(e, "block_hashes") else None,
+                                e.block_size if isinstance(e, BlockStored) else None)
+                               for e in m.take_events() for h in getattr(e, "block_hashes", [None])
+                               if h is not None or not hasattr(e, "block_hashes")))
+        assert got[0] == got[1], (got[0] - got[1], got[1] - got[0])
+        self.partial_entries += sum(n for (kind, g, tokens, size), n in got[0].items()
+                                    if kind == "BlockStored" and len(tokens) % groups[g][0])
 
     def _chunk(self, start: int, n: int, total: int, prompt: int) -> int:
         if self.partial:
@@ -147,6 +179,25 @@ def test_the_plugin_gives_vllms_tables_and_hits_beside_mamba_of_another_size(lay
         sides.compare(probe)
         if any(sides.ms[1].core._index.twins):
             return
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_plugin_announces_vllms_events_with_partial_hits(layout, small, ops, probe):
+    # (vLLM's KV events on: after every step the same entries stored and removed, a
+    # Mamba group's partial entry as one hash block, its move to a copy unannounced;
+    # up to the first spare, which prefixkv announces once per prefix, vLLM per block)
+    groups = PARTIAL[layout]
+    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
+                  events=True)
+    for op, a, b in ops:
+        sides.do(op, a, b)
+        sides.compare(probe)
+        if any(sides.ms[1].core._index.twins):
+            return
+        sides.same_events(groups)
 
 
 def test_a_hit_on_a_mamba_state_cached_in_the_same_step_waits_as_in_vllm():

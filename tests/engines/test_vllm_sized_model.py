@@ -59,6 +59,14 @@ PARTIAL = {
     "mamba24+full8": ((24, "mamba"), (8, None)),
     "mamba32+full8+mamba32": ((32, "mamba"), (8, None), (32, "mamba")),
 }
+# ... and full attention larger than the hash block (vLLM then finds hits inside its
+# blocks too, copied on write): (groups, hash block)
+PARTIAL_FULL = {
+    "full4+mamba4, hash 2": (((4, None), (4, "mamba")), 2),
+    "full8+mamba16, hash 4": (((8, None), (16, "mamba")), 4),
+    "full16+mamba8, hash 4": (((16, None), (8, "mamba")), 4),
+    "full8+mamba8+full8, hash 2": (((8, None), (8, "mamba"), (8, None)), 2),
+}
 
 MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
 STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
@@ -86,14 +94,15 @@ class Pair:
     vLLM's events say is cached: {key: holders}."""
 
     def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None,
-                 retained: tuple[int, ...] = (), partial: bool = False, retention: int | None = None) -> None:
+                 retained: tuple[int, ...] = (), partial: bool = False, hash_size: int = 0,
+                 retention: int | None = None) -> None:
         self.groups = groups
         self.retention = retention  # (vLLM's prefix_cache_retention_interval)
         self.partial = partial
         # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
         # prompt's), and each step starts a new one (no hit on a state cached in it)
         self.mamba = [b for b, w in groups if w == "mamba"]
-        self.h = reduce(math.gcd, (b for b, _ in groups))
+        self.h = hash_size or reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
         self.twins: SizedModel | None = None
         if partial:
@@ -133,14 +142,31 @@ class Pair:
                 continue
             assert isinstance(e, BlockStored | BlockRemoved), e
             b = self.groups[e.group_idx][0]
+            if self.partial and isinstance(e, BlockStored):
+                self._check_stored(e, b)
             for h in e.block_hashes:
                 tokens = self.names[h]
-                if len(tokens) % b:  # (a partial tail entry: not modelled)
+                if len(tokens) % b and not self.partial:  # (a partial tail entry: not modelled)
                     continue
                 key = (e.group_idx, None, tokens)
                 self.mirror[key] += 1 if isinstance(e, BlockStored) else -1
                 if not self.mirror[key]:
                     del self.mirror[key]
+
+    def _check_stored(self, e: Any, b: int) -> None:
+        """With partial hits, the shape vLLM announces a cached entry in: a partial
+        entry (a prefix ending inside a block) alone, as one hash block (its tokens the
+        last hash block's, its parent the prefix one hash block shorter); whole blocks
+        as blocks of the group's size."""
+        names = [self.names[h] for h in e.block_hashes]
+        if not names:  # (vLLM announces a step whose Mamba blocks it all skipped: no hash)
+            return
+        parent = None if e.parent_block_hash is None else self.names[e.parent_block_hash]
+        if len(names[0]) % b:
+            assert (len(names), e.block_size) == (1, self.h), e
+            assert tuple(e.token_ids) == names[0][-self.h:] and parent == (names[0][:-self.h] or None), e
+        else:
+            assert e.block_size == b and not any(len(n) % b for n in names), e
 
     def compare(self, probe: list[int]) -> None:
         if self.twins is not None and self.twins.emptied:  # (from here on its queue differs)
@@ -154,9 +180,10 @@ class Pair:
             for rid in self.reqs:
                 assert [list(ids) for ids in self.v.get_block_ids(rid)] == m.reqs[rid].tables, rid
             assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == list(m.free)
-            # (every copy vLLM caches: the twin rule's holder and its spares)
+            # (every copy vLLM caches: the twin rule's holder and its spares; with partial
+            # hits, the partial entries' too: vLLM announces one per block, moves none)
             assert dict(self.mirror) == {k: len(v) + len(m.spares.get(k, ())) for k, v in m.holders.items()
-                                         if not len(k[2]) % self.groups[k[0]][0]}  # (whole blocks')
+                                         if self.partial or not len(k[2]) % self.groups[k[0]][0]}
             end, ids = m.hit(probe, None)
             assert hit == end
             assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
@@ -332,6 +359,15 @@ def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
 def test_the_sized_reference_runs_as_vllms_manager_with_partial_hits(layout, extra, ops, probe):
     groups = PARTIAL[layout]
     _drive(Pair(groups, _pool(groups, extra), partial=True), ops, probe)
+
+
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
+@settings(max_examples=40, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_runs_as_vllms_manager_with_partial_hits_in_full_attention(layout, extra, ops,
+                                                                                      probe):
+    groups, h = PARTIAL_FULL[layout]
+    _drive(Pair(groups, _pool(groups, extra), partial=True, hash_size=h), ops, probe)
 
 
 # layouts whose windows keep tokens below them (vLLM's extra_retained_tokens), and whose

@@ -1,7 +1,7 @@
 """vLLM's fine-grained partial hits in the sized manager (``BlockSizes.partial``;
 docs/groups.md "Partial hits"), the subset served: Mamba groups of one block size larger
 than the hash block, every other group full attention of the hash block's size, no
-``peek`` and no events.
+``peek``.
 
     tokens        | 0 .. h-1 | h .. 2h-1 | 2h .. 3h-1 | 3h .. 4h-1 |
     full (h)      | block 0  | block 1   | block 2    | block 3    |  keyed nodes[0..3]
@@ -25,6 +25,7 @@ vLLM's manager through tests/sized_model.py (``partial``).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
@@ -119,7 +120,9 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
             continue
         if self._index.nodes[x.block_id] is not None:  # (a shorter entry: replaced)
             self._index.drop_one(x)
-        self._index.store(g, [x], [node], j, req.tokens, [None], b, b // h)
+        # (announced as vLLM's ``cache_partial_block`` does: one hash block, the last)
+        i = n // h - 1
+        self._index.store(g, [x], [node], i, req.tokens, [req.keys.for_event(i, h)], h)
         owners = _owners(self)
         owners.setdefault(req.request_id, (req, []))[1].append((g, j, x))
 
@@ -149,6 +152,8 @@ def moved(self: HybridKVCacheManager, req: GroupRequest, g: int, copy: Block) ->
         copy.key, copy.content_id, copy.hash = source.key, source.content_id, source.hash
         copy.twin = source.twin
         source.key, source.twin = None, False
+        if source.event is not None:  # (moved silently, as vLLM's ``move_block_hashes``)
+            copy.event, source.event = replace(source.event, block_ids=(copy.block_id,)), None
         if copy.twin:
             listed = index.twins[g][node.pid]
             listed[listed.index(source)] = copy

@@ -54,9 +54,6 @@ def construct(
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
     _check_retention(specs, sizes)
     check_flag("enable_events", enable_events, ConfigError)
-    if enable_events and sizes.partial:
-        raise ConfigError("events with partial hits are not served yet (vLLM announces each partial "
-                          "entry as one hash block, and moves entries silently; docs/groups.md)")
     check_positive("max_events", max_events)
     if vocab_size is not None:
         check_positive("vocab_size", vocab_size)
