@@ -6,10 +6,27 @@ fetch. The list is the fetch's ``slots``: a re-admission of the fetch's request 
 the device gave the run back must not read it (``store_reuse.reuse``). Block size 4,
 8-byte payloads, fetches run when the test says (``Manual``)."""
 
-from prefixkv import BlockLoads
+from prefixkv import BlockLoads, StoreWait
 
 from .test_shared_store import A
 from .test_store_fetch import setup
+
+
+def test_the_drained_transit_list_becomes_the_empty_stack(backend, layout):
+    m, ex, _ = setup(backend, layout, host_blocks=3)   # A's 3 blocks: every slot
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    slots = f.slots
+    assert m._host._empty == []                     # the fetch took the stack whole
+    ex.run()
+    assert m.poll_store() == ["b"]
+    order = [s.block_id for s in slots]
+    m.take_kv_ops()                                 # the loads ran: the slots go empty
+    assert m._host._empty is slots                  # the list itself, not a copy
+    assert [s.block_id for s in m._host._empty] == order
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
 
 
 def test_a_run_given_back_and_evicted_is_found_where_it_went(backend, layout):

@@ -215,8 +215,15 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
 
     def _transit_done(self, slots: list[Block]) -> None:
         """Slots in transit whose loads ran go empty (reused first: ``reserve`` pops them;
-        their counts are 0 already)."""
-        self._empty += slots
+        their counts are 0 already). When the empty stack is empty (the run's fetch took
+        it whole: the common case), ``slots`` becomes the stack, not a copy of it: each
+        entry copied touches a slot, cold after the fetch (~40 us a 2,048-slot run,
+        results/store25-r25.md). The list may be the fetch's ``slots``: nothing reads
+        those once its run landed on the device (``store_reuse.reuse``)."""
+        if self._empty:
+            self._empty += slots
+        else:
+            self._empty = slots
 
     def _take(self) -> Block | None:
         """A free slot: an empty one, else the least recently used cached one."""
