@@ -8,19 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from operator import length_hint
 from typing import Any, Protocol
 
 from .block import Block
 from .free_queue import FreeBlockQueue
 from .keyless import Keyless
 from .run import RunCounts
-
-
-def _seek(it: Any, index: int) -> None:
-    """Move list iterator ``it`` to ``index`` of its list (a reversed one: the next entry
-    it gives; -1: its end), as its pickled state restores it: no entry walked."""
-    it.__setstate__(index)
 
 
 class PoolIndex(Protocol):
@@ -109,7 +102,7 @@ class PoolRelease:
             tail.prev = last
             self._cached.forget(-added)
             return
-        it = iter(blocks)
+        it: Any = iter(blocks)  # (with ``source``: a list's reversed iterator)
         for b in it:
             r = b.counted
             if r is None:
@@ -128,19 +121,20 @@ class PoolRelease:
                     last = self._spare_freed(b, last)
                 continue
             n = len(r.blocks)
-            backwards = False  # (``span`` in the order given, or, True, reversed)
             if source is None:
                 span = [b, *islice(it, n - 1)]
                 fwd = span == r.blocks
                 held = fwd or span[::-1] == r.blocks
             else:  # ``b`` is ``source[k]``: the run's blocks, given reversed, are a slice
-                k = length_hint(it)  # (the blocks ``it`` has left: ``source[:k]``)
+                k = it.__length_hint__()  # (the blocks ``it`` has left: ``source[:k]``)
                 span = source[k - n + 1 if k >= n else 0:k + 1]
-                _seek(it, k - n)  # (``it`` goes on before them; below 0: at its end)
+                # (a list iterator's index, set as unpickling sets it: ``it`` goes on
+                # before them, or, below 0, is at its end; no entry walked)
+                it.__setstate__(k - n)
                 fwd = n == 1  # (one block: given either way, forward as above)
-                held = backwards = span == r.blocks
+                held = span == r.blocks
+                span.reverse()  # (in place, no entry touched: the order given)
                 if not held:  # (the source's order, not the run's: rare)
-                    span = span[::-1]
                     fwd = held = span == r.blocks
             if held:  # (a request's blocks, forward or reversed)
                 r.n -= 1
@@ -151,11 +145,11 @@ class PoolRelease:
                 if r.linked and r.fwd == fwd:  # one segment: its ends
                     last.next = b
                     b.prev = last
-                    last = span[0] if backwards else span[-1]
+                    last = span[-1]
                     continue
                 r.fwd = fwd  # (the order they join the cached tier in)
                 r.linked = True
-                for x in reversed(span) if backwards else span:
+                for x in span:
                     last.next = x
                     x.prev = last
                     last = x
