@@ -66,8 +66,9 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._pinned: list[Block] = []
         self.offload_src: list[int] = []  # the step's offloads: device block ids, slot ids
         self.offload_dst: list[int] = []
-        self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
-        self.load_dst: list[int] = []
+        # the step's loads: slot ids, device block ids (tuples: a landed run's alone)
+        self.load_src: list[int] | tuple[int, ...] = []
+        self.load_dst: list[int] | tuple[int, ...] = []
         self._loading = None  # (their targets as a set, once ``unload`` needs it)
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
         self._landed = []
