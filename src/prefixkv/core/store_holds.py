@@ -12,8 +12,8 @@ prompt's tokens after the run (``Fetch.tail``). They end in one of two ways:
                                                run and the hits, each chain's last
                                                block first (as ``free``)
 
-``holders`` lists the fetches that hold any (``add`` at the start); a fetch leaves it
-when it holds nothing more.
+``holders`` lists the fetches that hold any (``StoreWaits.start`` adds each); a fetch
+leaves it when it holds nothing more.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ class FetchHolds:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.holders: set[Fetch] = set()  # fetches holding device blocks
-
-    def add(self, f: Fetch) -> None:
-        """``f`` took device blocks at its start (``Fetch.held``, ``devices``, ``tail``)."""
-        self.holders.add(f)
 
     def taken(self, f: Fetch) -> None:
         """The re-admission of ``f``'s request took the blocks ``f`` held (the request

@@ -151,7 +151,7 @@ class StoreWaits:
             f.front = kept[:]  # (a list of its own: ``held`` is not it)
             index.landing[id(f)] = taken
             f.pend = index.pend_counts(keys.mm)
-            self.held.add(f)
+            self.held.holders.add(f)  # (its holds: ``FetchHolds``)
         try:
             link.submit(f, keys.extra)
         except Exception:  # the executor refused (shut down): a fetch failed as a whole
