@@ -60,13 +60,12 @@ class SlotLoads:
         self._held = ((), None)
         if ids is None or held is not slots:
             ids = [s.block_id for s in slots]
-        src, dst = self.load_src, self.load_dst
-        if not isinstance(src, list) or not isinstance(dst, list):  # (a landed run's
-            src, dst = self.load_src, self.load_dst = list(src), list(dst)  # tuples)
-        src += ids
+        if type(self.load_src) is tuple:  # (a landed run's, both: ``load_ids``)
+            self.load_src, self.load_dst = list(self.load_src), list(self.load_dst)
+        self.load_src += ids  # type: ignore[operator]  # (lists)
         assert len(ids) == len(devices), (ids, devices)  # (no ``strict``: a keyword C
         self.up.update(zip(ids, devices))  # noqa: B905 (parses on a cold path of its own)
-        dst += map(_BLOCK_ID, devices)
+        self.load_dst += map(_BLOCK_ID, devices)  # type: ignore[operator]
         self.num_loaded += len(slots)
         if self._loading is not None:
             self._loading.update(map(_BLOCK_ID, devices))
