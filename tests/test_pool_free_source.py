@@ -90,3 +90,11 @@ def test_a_run_freed_the_other_way_than_last_time_is_linked_block_by_block():
         out.append(state(m))
     assert out[0] == out[1]
     assert out[0][1][-5:] == [4, 3, 2, 1, 0]        # the tail first, as a request frees
+
+
+def test_a_source_that_the_blocks_do_not_reverse_is_caught():
+    m = KVCacheManager(8, BS, seed=0)
+    m.add_request("a", A)
+    blocks = m._requests.pop("a").blocks
+    with pytest.raises(AssertionError, match="not reversed"):
+        m._pool.free(iter(blocks), blocks)         # (forward: not the source reversed)

@@ -127,6 +127,7 @@ class PoolRelease:
                 held = fwd or span[::-1] == r.blocks
             else:  # ``b`` is ``source[k]``: the run's blocks, given reversed, are a slice
                 k = it.__length_hint__()  # (the blocks ``it`` has left: ``source[:k]``)
+                assert source[k] is b, "release's blocks are not reversed(source)"
                 span = source[k - n + 1 if k >= n else 0:k + 1]
                 # (a list iterator's index, set as unpickling sets it: ``it`` goes on
                 # before them, or, below 0, is at its end; no entry walked)
