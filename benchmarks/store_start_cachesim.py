@@ -6,6 +6,10 @@ misses of a start that follows a fetch of ``blocks`` blocks (results/store25a-r2
 
     PYTHONPATH=src valgrind --tool=callgrind --cache-sim=yes --collect-atstart=no \\
         --toggle-collect=starmap_next python benchmarks/store_start_cachesim.py 2048 4
+
+With a third argument ``free``, the counted calls are instead the request's ``free`` and
+the ``take_kv_ops()`` after it, the two scheduler-thread calls that follow a store-hit
+admission (results/store25-r25.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import sys
 import time
 from itertools import starmap
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,8 +28,15 @@ from prefixkv.store import FetchCost, SharedStore, StoreLayout  # noqa: E402
 from store_setup import Inline, fill, local_backend, manager, prompt_of  # noqa: E402
 
 
+def _free_and_step(m: Any) -> None:
+    """The request's ``free`` and the step after it (counted under ``free``)."""
+    m.free("r")
+    m.take_kv_ops()
+
+
 def main() -> None:
     blocks, counted = int(sys.argv[1]), int(sys.argv[2])
+    free = sys.argv[3:] == ["free"]  # (count the free and the step, not the start)
     with local_backend() as backend:
         layout = StoreLayout(f"cachesim-{time.time_ns()}", "x", 4096)
         ex = Inline()
@@ -39,7 +51,7 @@ def main() -> None:
             if r < 4:
                 fill(layout, backend, ids)
             prompt = m.prepare(ids)
-            if r >= 8:
+            if r >= 8 and not free:
                 (wait,) = list(starmap(m.add_request, [("r", prompt)]))
             else:
                 wait = m.add_request("r", prompt)
@@ -48,8 +60,11 @@ def main() -> None:
             ex.run()
             assert m.poll_store() == ["r"]
             m.add_request("r", prompt)
-            m.free("r")
-            m.take_kv_ops()
+            if r >= 8 and free:
+                list(starmap(_free_and_step, [(m,)]))
+            else:
+                m.free("r")
+                m.take_kv_ops()
         shared.close()
 
 

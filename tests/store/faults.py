@@ -25,7 +25,7 @@ def ledger(m):
     h, w = m._host, m._waits
     return {"free blocks": m.num_free_blocks, "free slots": h.num_free, "landing": h.num_landing,
             "pinned": len(h._pinned), "in flight": w.in_flight, "reserved": w.reserved,
-            "holders": len(w.holders), "waiting": len(w.waiting),
+            "holders": len(w.held.holders), "waiting": len(w.waiting),
             "filling": len(m._index.landing), "requests": len(m._requests)}
 
 

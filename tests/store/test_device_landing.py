@@ -72,7 +72,7 @@ def test_the_block_after_the_run_is_taken_at_the_start_for_the_readmission(backe
     assert tail.key is None and tail.ref_cnt == 1 and m.num_free_blocks == 4
     ex.run()
     assert m.poll_store() == ["b"]
-    assert sum(b is tail for b in m._waits.holds()) == 1
+    assert sum(b is tail for b in m._waits.held.holds()) == 1
     m.check_invariants()
     adm = m.add_request("b", A, num_lookahead_tokens=4)
     assert adm.num_cached_tokens == 12 and len(adm.block_ids) == 5

@@ -28,7 +28,7 @@ def test_a_landed_runs_last_block_found_invalid_is_given_back_and_the_rest_kept(
     m.uncache_blocks([d2.block_id])
     m.check_invariants()
     assert f.on_device == 2 and f.cids == planned[:2]
-    assert m._waits.holds() == [d0, d1] and d2.ref_cnt == 0
+    assert m._waits.held.holds() == [d0, d1] and d2.ref_cnt == 0
     adm = m.add_request("b", A)
     assert adm.block_ids[:2] == (d0.block_id, d1.block_id) and adm.num_cached_tokens == 8
     assert m.stats.store_hits == 8
@@ -49,7 +49,7 @@ def test_a_held_hit_found_invalid_after_the_landing_takes_the_run_with_it(backen
     m.uncache_blocks([b1.block_id])
     m.check_invariants()
     assert f.held == [b0] and f.devices is None and f.on_device == 0 and not f.cids
-    assert m._waits.holds() == [b0]
+    assert m._waits.held.holds() == [b0]
     assert (b0.ref_cnt, b1.ref_cnt, d.ref_cnt) == (2, 1, 0)      # (r's, and the fetch's)
     m.rewind("r", 4)
     q = m.add_request("q", A)
@@ -70,7 +70,7 @@ def test_a_shorter_landed_runs_block_found_invalid_gives_back_only_landed_blocks
     assert m.poll_store() == ["b"] and f.on_device == 2 and d2.ref_cnt == 0
     m.uncache_blocks([d1.block_id])
     m.check_invariants()
-    assert m._waits.holds() == [d0, *f.tail] and (d1.ref_cnt, d2.ref_cnt) == (0, 0)
+    assert m._waits.held.holds() == [d0, *f.tail] and (d1.ref_cnt, d2.ref_cnt) == (0, 0)
     assert m.add_request("b", A).num_cached_tokens == 4
     m.check_invariants()
 

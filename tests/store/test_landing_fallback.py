@@ -79,8 +79,8 @@ def test_a_run_the_fetcher_did_not_fill_lands_as_a_filled_one(backend, layout, w
     m, f = _fetch(backend, layout, where, broken=False)
     assert f.filled and f.run == stored                # (a shorter run too: by the fetcher)
     ids = [s.block_id for s in f.slots[:stored]]       # (what ``ready`` states for the landing)
-    assert f.unique and f.slot_ids == ids and [op.dst for op in f.fetched] == ids
-    assert f.device_ids == (ids if where == "device" else [])
+    assert f.unique and list(f.slot_ids) == ids and [op.dst for op in f.fetched] == ids
+    assert list(f.device_ids) == (ids if where == "device" else [])  # (a device run's: tuples)
     want = _landed(m)
     m, f = _fetch(backend, layout, where, broken=True)
     assert not f.filled and f.run == stored and f.fetched == []

@@ -132,7 +132,7 @@ def seen(m):
                for rid, f in waits.waiting.items()}
     host = sorted((s.block_id, s.key, s.parent_cid, s.content_id) for s in m._host.slots
                   if s.key is not None)
-    return (requests, fetches, sorted(b.block_id for b in waits.holds()), waits.in_flight,
+    return (requests, fetches, sorted(b.block_id for b in waits.held.holds()), waits.in_flight,
             waits.reserved, m._stats.total, m.free_block_order(), host, m._num_prefilling)
 
 

@@ -70,7 +70,7 @@ def readmit_as_walk(m, rid, prompt, extra=None):
     adm = m.add_request(rid, prompt, extra=extra)
     assert adm.num_cached_tokens == len(hits) * BS
     slots = [h.block_id for h in hits if type(h) is HostSlot]
-    assert m._host.load_src[loads_before:] == slots
+    assert list(m._host.load_src[loads_before:]) == slots  # (a landed run's: a tuple)
     device = [h.block_id for h in hits if type(h) is not HostSlot]
     assert list(adm.block_ids[:len(device)]) == device
     m.check_invariants()

@@ -212,7 +212,8 @@ class SharedStoreMachine(RuleBasedStateMachine):
             return
         if walk is not None:
             assert adm.num_cached_tokens == len(walk) * BS, (adm, walk)
-            assert e.m._host.load_src[loads:] == [h.block_id for h in walk if type(h) is HostSlot]
+            assert list(e.m._host.load_src[loads:]) == [h.block_id for h in walk
+                                                        if type(h) is HostSlot]
         e.tokens[rid], e.extra[rid] = list(prompt), extra
         self.seen.append((i, list(prompt), extra))
         e.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens

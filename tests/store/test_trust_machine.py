@@ -217,7 +217,7 @@ class TrustMachine(tiers.TiersReferenceMachine):
         of the request; from the lowest position on, no other live request holds any."""
         out = []
         tables = {r: e.m.get_block_ids(r) for r in e.tokens}
-        for f in sorted(e.m._waits.holders, key=lambda f: str(f.request_id)):
+        for f in sorted(e.m._waits.held.holders, key=lambda f: str(f.request_id)):
             chain = f.held + (f.devices[:f.on_device] if f.ended and f.devices else [])
             for b in chain:
                 for rid in sorted(e.tokens):
@@ -285,7 +285,7 @@ class TrustMachine(tiers.TiersReferenceMachine):
                 self._admit(i, rid, *e.waiting[rid])
                 assert rid not in e.waiting, "a request listed by poll_store waits again"
 
-    @precondition(lambda self: any(e.m._waits.holders for e in self.engines))
+    @precondition(lambda self: any(e.m._waits.held.holders for e in self.engines))
     @rule(i=base.side, data=st.data(), failed=st.booleans(), every=st.booleans(),
           again=st.booleans())
     def rewind_a_fetch_hit(self, i, data, failed, every, again):
@@ -313,10 +313,10 @@ class TrustMachine(tiers.TiersReferenceMachine):
         state = "landed" if f.ended else "in flight"
         e.m.rewind(rid, n)  # (no other live request holds these blocks: never refused)
         rewound = set(table[n // BS:stop // BS])
-        for g in e.m._waits.holders:
+        for g in e.m._waits.held.holders:
             chain = g.held + (g.devices[:g.on_device] if g.ended and g.devices else [])
             assert not rewound & {b.block_id for b in chain}, (rid, n, g.request_id)
-        kept = f in e.m._waits.holders and (f.held or f.on_device)
+        kept = f in e.m._waits.held.holders and (f.held or f.on_device)
         left = "a prefix kept" if kept else "nothing left"
         again_ = "gave up before, " if id(f) in self.gave_up else ""
         self.gave_up.add(id(f))  # (for the event's label only)

@@ -39,7 +39,7 @@ def test_a_landed_run_whose_load_failed_is_not_served_to_its_readmission(backend
     assert m.lookup(A) == 4
     # the fetch gave up the named block and the one after it (empty now: the pool may
     # hand them out again, as blocks to compute) and holds the first only
-    assert [b.block_id for b in m._waits.holds()] == devices[:1]
+    assert [b.block_id for b in m._waits.held.holds()] == devices[:1]
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 4 and adm.block_ids[0] == devices[0], adm
     m.check_invariants()
@@ -250,7 +250,7 @@ def test_a_recompute_of_a_block_a_fetch_holds_keeps_the_index_sound(backend, lay
     m, ex, e, r = computed_and_fetching(backend, layout)
     m.rewind("r", 0)
     f = m._waits.waiting["q"]                 # nothing valid held: q's wait ends (it is
-    assert f.expired and m._waits.holds() == f.devices  # listed), the run's block stays
+    assert f.expired and m._waits.held.holds() == f.devices  # listed), the run's block stays
     assert m.extend("r", len(PROMPT)) is not None
     m.check_invariants()
     e.run()

@@ -26,7 +26,7 @@ def test_a_readmission_the_pool_refuses_gives_the_fetchs_blocks_back_once(backen
     assert m.add_request("x", list(range(100, 113)), read_cache=False).block_ids == (4, 5, 6, 7)
     assert m.num_free_blocks == 0
     assert m.add_request("b", A, num_lookahead_tokens=8) is None
-    assert m.num_free_blocks == 4 and not f.tail and m._waits.holds() == []
+    assert m.num_free_blocks == 4 and not f.tail and m._waits.held.holds() == []
     m.check_invariants()
     m.free("x")
     assert m.num_free_blocks == 8
@@ -124,7 +124,7 @@ def test_a_readmission_refused_while_its_fetch_runs_leaves_the_run_blocks_held(
     f.deadline = deadline                            # (the fetcher's reads: in time)
     assert m.add_request("x", list(range(100, 113)), read_cache=False).block_ids == (4, 5, 6, 7)
     assert m.add_request("b", A, num_lookahead_tokens=8) is None
-    assert m.num_free_blocks == 1 and [b.block_id for b in m._waits.holds()] == [0, 1, 2]
+    assert m.num_free_blocks == 1 and [b.block_id for b in m._waits.held.holds()] == [0, 1, 2]
     m.check_invariants()
     ex.run()
     assert m.poll_store() == []

@@ -96,14 +96,14 @@ def _admit(
         take = max(take, blocks_for(n, bs) - len(held))
     taken = reused is not None and fetch is not None and fetch.on_device  # the fetch's
     # held blocks are the hits; the block it took for the tokens after them is a new one
-    spare = self._waits.spare(fetch, bool(taken)) if fetch is not None else 0  # type: ignore[union-attr]
+    spare = self._waits.held.spare(fetch, bool(taken)) if fetch is not None else 0  # type: ignore[union-attr]
     if not (take <= pool.num_free if claimed is not None  # (taken: the fetch holds
             else take - spare <= pool.num_free if taken  # every hit: none is free)
             else pool.can_acquire(held, take - spare)):
         if claimed is not None:
             pool.unclaim(hits, claimed)
         if fetch is not None:  # (its run stays cached; the wait goes on)
-            self._waits.give_back(fetch)  # type: ignore[union-attr]
+            self._waits.held.give_back(fetch)  # type: ignore[union-attr]
         elif isinstance(req.prompt, Prompt):  # its tokens, unwritten: the next admission's
             req.prompt._give_back(req.tokens)
         return None
@@ -136,7 +136,7 @@ def _admit(
         req.blocks = hits
     elif taken:  # (each holds the fetch's reference: the request's now; ``hits`` is
         if need or spare:  # a list ``reuse`` handed over, grown in place)
-            hits += self._waits.tail(fetch, need)  # type: ignore[union-attr,arg-type]
+            hits += self._waits.held.tail(fetch, need)  # type: ignore[union-attr,arg-type]
         req.blocks = hits
     else:
         req.blocks = (pool.acquire(hits, need) if not loads

@@ -39,7 +39,7 @@ def uncache_blocks(self: KVCacheManager, block_ids: Iterable[int]) -> None:
     if held:  # (and the blocks live requests computed on top of them)
         bs = self.block_size
         # (the holds of pending copies and store fetches: no request to look for)
-        outside = self._copies.pins + (self._waits.holds() if self._waits is not None else [])
+        outside = self._copies.pins + (self._waits.held.holds() if self._waits is not None else [])
         held = computed_on((((r.blocks,), r.num_scheduled // bs)
                             for r in self._requests.values()), held, outside)
     landing = getattr(self._index, "landing", None)
@@ -48,7 +48,7 @@ def uncache_blocks(self: KVCacheManager, block_ids: Iterable[int]) -> None:
         held = [b for b in held if id(b) not in apart]
     self._drop_puts(held)  # (the store's pending writes: before the index forgets)
     self._pool.emptied(self._index.uncache(held, cut=True))
-    if self._waits is not None and self._waits.holders:  # (a store fetch's holds on
+    if self._waits is not None and self._waits.held.holders:  # (a store fetch's holds on
         give_up(self._waits, held, True)  # them, and on what lost its content with them)
 
 
@@ -74,7 +74,7 @@ def rewind(self: KVCacheManager, request_id: Hashable, num_tokens: int) -> None:
     if shared:  # is given up: ``store_giveup.py``)
         raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
                            f"{shared} are held by other requests too")
-    if waits is not None and waits.holders:  # (before ``uncache``: the request's alone,
+    if waits is not None and waits.held.holders:  # (before ``uncache``: the request's alone,
         give_up(waits, tail, False)  # they lose their content, never kept as spares)
     self._drop_puts(tail)  # (before the index forgets)
     self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)

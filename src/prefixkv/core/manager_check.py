@@ -32,7 +32,7 @@ def check_invariants(self: KVCacheManager) -> None:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
     for b in self._copies.pins + [b for held in self._copies.kept for b in held]:
         refs[b.block_id] = refs.get(b.block_id, 0) + 1
-    for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
+    for b in self._waits.held.holds() if self._waits is not None else ():  # store fetches'
         refs[b.block_id] = refs.get(b.block_id, 0) + 1
     require(self._pool.check(refs))
     require(self._copies.check(self._pool.blocks,

@@ -55,7 +55,7 @@ def free(self: KVCacheManager, request_id: Hashable, *, num_computed_tokens: int
         unpinned = self._copies.settle(req.blocks, self._pool.blocks)
         if unpinned:
             self._pool.release(unpinned)
-    self._pool.free(reversed(req.blocks))
+    self._pool.free(reversed(req.blocks), req.blocks)
 
 
 def preempt(self: KVCacheManager,

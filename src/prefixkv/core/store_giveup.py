@@ -47,10 +47,10 @@ def held_by_others(waits: StoreWaits | None, blocks: Sequence[Block]) -> list[Bl
     """Of a request's ``blocks``, those another live request holds too: a reference
     besides the request's own and the store fetches' (which ``give_up`` takes back)."""
     shared = [b for b in blocks if b.ref_cnt > 1]
-    if not shared or waits is None or not waits.holders:
+    if not shared or waits is None or not waits.held.holders:
         return shared
     fetches: dict[int, int] = {}
-    for b in waits.holds():
+    for b in waits.held.holds():
         fetches[id(b)] = fetches.get(id(b), 0) + 1
     return [b for b in shared if b.ref_cnt - fetches.get(id(b), 0) > 1]
 
@@ -65,7 +65,7 @@ def give_up(waits: StoreWaits, blocks: Iterable[Block], lost: bool) -> None:
     run broken or off the index's list, fails ``check_invariants``:
     tests/test_pending_loss_caught.py). Called on the scheduler's thread."""
     bad = {id(b) for b in blocks}
-    for f in list(waits.holders):
+    for f in list(waits.held.holders):
         chain = f.held
         if f.ended and f.devices:
             chain = chain + f.devices[:f.on_device]
@@ -101,5 +101,5 @@ def _cut(waits: StoreWaits, f: Fetch, k: int) -> None:
         if not kept:
             f.devices = None
         if not f.held and not kept:
-            waits.holders.discard(f)
+            waits.held.holders.discard(f)
     waits.pool.release(out)

@@ -61,13 +61,14 @@ def fetch_ready(f: Fetch) -> None:
     else:  # (a device run's slots are keyed only if it lands in them alone, a lost race:
         # no map the landing would free on the scheduler's thread; ``land`` builds it then)
         f.unique = len(set(f.chunks[:run])) == run
-    f.slot_ids = [s.block_id for s in slots]
+    ids = [s.block_id for s in slots]  # (a device run's: tuples, the plan's own when
+    f.slot_ids = ids if f.devices is None else tuple(ids)  # they are its only loads:
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
                  f.chunks[:run] if f.devices is None else None)  # (a device run's slots
     # stay keyless: ``land`` puts them in transit, or keys them all if the run lands there alone)
     if f.devices is not None and run:
         devices = f.devices[:run]
-        f.device_ids = [b.block_id for b in devices]
+        f.device_ids = tuple([b.block_id for b in devices])  # ``HostTier.load_ids``)
         # the blocks are written with the manager's step now, the landing's in the
         # common case (a fetch ends while the engine runs a step, and is landed at the
         # next ``poll_store``): the landing rewrites each block's step only when a step
@@ -185,7 +186,7 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                                 None if extra is None else extra.for_range(start * bs, end * bs),
                                 start, HOST)
         whole = not lo  # (the fetcher's map and ids are the whole run's: ``hi`` is its end)
-        ids = f.slot_ids if whole and f.slot_ids else None
+        ids = f.slot_ids if whole and type(f.slot_ids) is list and f.slot_ids else None
         if whole and hi == len(slots):  # every reserved slot (the common case): the fetch's
             # own lists, not copies (a copy touches every object it holds, cold by now)
             run, run_chunks, extras, hashes, fetched = slots, f.chunks, f.extras, f.hashes, f.fetched

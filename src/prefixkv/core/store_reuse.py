@@ -63,6 +63,8 @@ def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, ind
         landed = devices if f.on_device == len(devices) else devices[:f.on_device]
         return req, hits + landed, len(hits) + len(landed)  # (the walk's limit: no
         # block after them is looked for)
+    if f.on_device:  # the run landed on the device, which gave it back: its slots went
+        return None  # keyless (in transit), and may be the tier's empty stack by now
     landed = f.slots if len(cids) == len(f.slots) else f.slots[:len(cids)]
     if f.landed_at != host.num_unpins:  # (else pinned since they landed: they do)
         c = cids.start  # (one loop, no pair or int objects: measured faster than maps)

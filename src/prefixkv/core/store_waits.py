@@ -38,6 +38,7 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
 from .store_fill import unpend
+from .store_holds import FetchHolds
 from .store_landing import fetch_ready, land, promote
 from .store_memory import FetchMemory
 from .store_reuse import reuse
@@ -68,7 +69,7 @@ class StoreWaits:
                  block_size: int, root: bytes, pool: BlockPool) -> None:
         self.link, self.host, self.index, self.events = link, host, index, events
         self.pool = pool
-        self.holders: set[Fetch] = set()  # fetches holding device blocks (``Fetch.devices``)
+        self.held = FetchHolds(pool)  # the device blocks the fetches hold (store_holds.py)
         self.block_size, self.root = block_size, root
         self.waiting: dict[Hashable, Fetch] = {}
         self.given_up: list[Fetch] = []  # waiting fetches left with no valid hit (``store_giveup``)
@@ -150,7 +151,7 @@ class StoreWaits:
             f.front = kept[:]  # (a list of its own: ``held`` is not it)
             index.landing[id(f)] = taken
             f.pend = index.pend_counts(keys.mm)
-            self.holders.add(f)
+            self.held.holders.add(f)  # (its holds: ``FetchHolds``)
         try:
             link.submit(f, keys.extra)
         except Exception:  # the executor refused (shut down): a fetch failed as a whole
@@ -158,7 +159,7 @@ class StoreWaits:
             if on_device:
                 del self.index.landing[id(f)]
                 unpend(f.devices or ())  # (no fetcher wrote them: their ``counted`` may be stale)
-                self._release(f)
+                self.held.release(f)
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
             return None
@@ -198,63 +199,11 @@ class StoreWaits:
         if f is None:
             return False
         if taken:  # (the request holds them: the fetch holds nothing; its lists are
-            self.holders.discard(f)  # freed off this thread: ``StoreLink.retire``)
-            self.link.retire(f, f.devices)
-            f.held, f.devices, f.blocks = [], None, None
-        elif f.ended and f in self.holders:
-            self._release(f)
+            self.link.retire(f, f.devices)  # freed off this thread: ``StoreLink.retire``)
+            self.held.taken(f)
+        else:
+            self.held.give_back(f)
         return True
-
-    def spare(self, f: Fetch, taken: bool) -> int:
-        """At the re-admission of ``f``'s request: how many of the blocks it asks for the
-        fetch holds already (``Fetch.tail``, taken at the start for the block that the
-        first token after the run opens) when the request takes the fetch's blocks
-        (``taken``: ``reuse`` answered); else that block goes back to the pool now,
-        before the admission counts the free blocks, and none is."""
-        if taken:
-            return len(f.tail)
-        if f.tail:
-            self.pool.release(f.tail)
-            f.tail = []
-        return 0
-
-    def tail(self, f: Fetch, need: int) -> list[Block]:
-        """The ``need`` new blocks of a re-admission that takes ``f``'s blocks: the ones
-        ``spare`` counted first, the rest from the pool (the caller checked that it has
-        them); a spare block that is not needed goes back."""
-        spare, f.tail = f.tail, []
-        if need < len(spare):
-            self.pool.release(spare[need:])
-            return spare[:need]
-        return spare + self.pool.take(need - len(spare)) if need > len(spare) else spare
-
-    def give_back(self, f: Fetch) -> None:
-        """The re-admission of ``f``'s request found the pool short (None): a fetch that
-        ended gives back the blocks it holds (cached: its run stays findable), so that
-        a request the engine leaves waiting holds nothing meanwhile."""
-        if f.ended and f in self.holders:
-            self._release(f)
-
-    def _release(self, f: Fetch) -> None:
-        """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
-        self.holders.discard(f)
-        devices = f.devices
-        out = f.tail + f.held[::-1]  # (``tail``: an empty block)
-        f.tail = []
-        if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
-            k = f.on_device if f.ended else len(devices)
-            out = devices[k - 1::-1] + out if k else out
-        f.held, f.devices, f.blocks = [], None, None
-        self.pool.release(out)
-
-    def holds(self) -> list[Block]:
-        """Every device block the fetches hold (a reference each), for the checks."""
-        out: list[Block] = []
-        for f in self.holders:
-            out += f.held + f.tail
-            if f.devices is not None:
-                out += f.devices if not f.ended else f.devices[:f.on_device]
-        return out
 
     def leave(self, request_id: Hashable, num_computed_tokens: int | None) -> Request | None:
         """``free`` or ``preempt`` of ``request_id``: when it waits, forget the wait (it
@@ -294,10 +243,10 @@ class StoreWaits:
                 self.pool.release(gone)
             if self.waiting.get(f.request_id) is f and not f.expired:
                 out.append(f.request_id)
-            elif f in self.holders:  # (its request left, or computes: past the deadline)
-                self._release(f)
+            elif f in self.held.holders:  # (its request left, or computes: past the
+                self.held.release(f)  # deadline)
             if not f.devices:
-                self.holders.discard(f)
+                self.held.holders.discard(f)
         if self.given_up:  # (their requests compute: ``store_giveup.py``)
             out += [f.request_id for f in self.given_up if self.waiting.get(f.request_id) is f]
             self.given_up = []

@@ -18,7 +18,7 @@ class LowerTier(Protocol):
     """The slots keyed by their content triple (token bytes another slot's key)."""
     num_chained: int
     """Slots found only as their parent slot's chained child."""
-    load_dst: list[int]
+    load_dst: list[int] | tuple[int, ...]
     """The device blocks the step's loads write (empty: no load in the step)."""
     device: Callable[[int, bytes, bytes], Block | None]
     """The device block keyed for a content (parent content id, token bytes, extra

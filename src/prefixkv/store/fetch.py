@@ -142,8 +142,10 @@ class Fetch:
         self.filled = self.unique = False  # set by ``ready``
         self.keyed: dict[bytes, Any] | None = None  # (``ready``'s too)
         self.fetched: list[Any] = []  # (``ready``'s: the run's StoreFetched ops, when staged)
-        self.slot_ids: list[int] = []  # (``ready``'s: the run's slots' ids)
-        self.device_ids: list[int] = []  # (``ready``'s: the run's device blocks' ids)
+        # (``ready``'s: the run's slots' ids, and its device blocks': tuples for a run
+        # landing on the device)
+        self.slot_ids: list[int] | tuple[int, ...] = []
+        self.device_ids: list[int] | tuple[int, ...] = []
 
 
 def new_fetch(request_id: Hashable, req: Any, first: int, parent: bytes,

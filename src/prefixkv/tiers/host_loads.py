@@ -42,8 +42,10 @@ class SlotLoads:
 
     slots: list[Block]
     up: dict[int, Block]  # slot id -> the device block its content last went up to
-    load_src: list[int]
-    load_dst: list[int]
+    # (tuples while a store run landed on the device is the step's only loads:
+    # ``load_ids``; ``take_loads`` hands them out as they are)
+    load_src: list[int] | tuple[int, ...]
+    load_dst: list[int] | tuple[int, ...]
     num_loaded: int
     _held: tuple[Sequence[Block], list[int] | None]  # ``hold``'s, for ``load``
     # the device block ids of the step's loads, as a set: built when ``unload`` first
@@ -58,30 +60,42 @@ class SlotLoads:
         self._held = ((), None)
         if ids is None or held is not slots:
             ids = [s.block_id for s in slots]
-        self.load_src += ids
+        if type(self.load_src) is tuple:  # (a landed run's, both: ``load_ids``)
+            self.load_src, self.load_dst = list(self.load_src), list(self.load_dst)
+        self.load_src += ids  # type: ignore[operator]  # (lists)
         assert len(ids) == len(devices), (ids, devices)  # (no ``strict``: a keyword C
         self.up.update(zip(ids, devices))  # noqa: B905 (parses on a cold path of its own)
-        self.load_dst += map(_BLOCK_ID, devices)
+        self.load_dst += map(_BLOCK_ID, devices)  # type: ignore[operator]
         self.num_loaded += len(slots)
         if self._loading is not None:
             self._loading.update(map(_BLOCK_ID, devices))
 
-    def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
+    def load_ids(self, slot_ids: list[int] | tuple[int, ...],
+                 device_ids: list[int] | tuple[int, ...]) -> None:
         """``load`` by ids, for a store fetch's run landed in slots in transit and in the
-        device blocks beside them: the ids join the step's one ``BlockLoads``. The lists
-        become the tier's when they are the longer ones (the step's earlier ids moved in
-        front, no count touched): the caller no longer reads them. Unlike ``load``, no
-        ``up`` guess is noted: the slots go empty once the loads ran (``transit``), so no
-        content of theirs is ever dropped with that guess read (``orphan``)."""
+        device blocks beside them: the ids join the step's one ``BlockLoads``. The
+        lists (or tuples, as the fetcher makes them) become the tier's when they are the
+        step's first loads (tuples: ``take_loads`` hands them out as they are, no entry
+        copied, no list freed; results/store25-r25.md), or lists, the longer ones (the
+        step's earlier ids moved in front, no count touched): the caller no longer
+        reads them. Unlike ``load``, no ``up`` guess is noted: the slots go empty once
+        the loads ran (``transit``), so no content of theirs is ever dropped with that
+        guess read (``orphan``)."""
         if self._loading is not None:
             self._loading.update(device_ids)
-        if len(self.load_src) < len(slot_ids):
-            slot_ids[:0] = self.load_src
-            device_ids[:0] = self.load_dst
+        src, dst = self.load_src, self.load_dst
+        if not src:
+            self.load_src, self.load_dst = slot_ids, device_ids
+        elif not isinstance(src, list) or not isinstance(dst, list):  # (tuples: joined)
+            self.load_src, self.load_dst = [*src, *slot_ids], [*dst, *device_ids]
+        elif len(src) < len(slot_ids) and isinstance(slot_ids, list) \
+                and isinstance(device_ids, list):
+            slot_ids[:0] = src
+            device_ids[:0] = dst
             self.load_src, self.load_dst = slot_ids, device_ids
         else:
-            self.load_src += slot_ids
-            self.load_dst += device_ids
+            src += slot_ids
+            dst += device_ids
         self.num_loaded += len(slot_ids)
 
     def take_loads(self) -> list[BlockLoads]:

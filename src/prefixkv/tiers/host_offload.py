@@ -34,8 +34,8 @@ class SlotOffload(SlotOrphans):
     _lost_parents: tuple[list[Block], int, list[Block], set[int]] | None
     offload_src: list[int]
     offload_dst: list[int]
-    load_src: list[int]
-    load_dst: list[int]
+    load_src: list[int] | tuple[int, ...]
+    load_dst: list[int] | tuple[int, ...]
 
     unload: Callable[[Sequence[Block]], None]  # (``SlotLoads``'s)
 
