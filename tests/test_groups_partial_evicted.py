@@ -2,6 +2,7 @@
 stayed: the hit is what every group still finds (tests the mutation pass showed missing)."""
 
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
+from prefixkv.groups.results import GroupBlockCopy
 
 
 def _manager(num_blocks=12):
@@ -31,4 +32,23 @@ def test_a_mamba_state_kept_past_evicted_full_attention_blocks_is_no_hit():
     adm = m.add_request("z", p, num_new_tokens=8)
     assert adm.num_cached_tokens == 0
     assert 5 not in adm.group_block_ids[1] and m.take_kv_ops() == []
+    m.check_invariants()
+
+
+def test_a_request_id_admitted_again_owns_its_new_entry_alone():
+    # "0" ends a step at its prompt's last boundary (a partial entry it owns) and is
+    # freed without growing (vLLM preempts it); admitted again with another prompt, it
+    # owns the entry of that prompt alone: its next growth moves that entry to a copy
+    m = _manager(20)
+    m.add_request("0", [0, 0, 1, 1, 2, 2, 3], num_new_tokens=6)
+    m.free("0")
+    p = [7, 7, 8, 8, 9, 9, 10]
+    m.add_request("0", p, num_new_tokens=6)
+    assert m.get_block_ids("0") == ((5, 6, 7), (0, 8))
+    assert m.num_pending_copies("0") == 1
+    assert m.extend("0", 1) == ((9,), ())
+    assert m.take_kv_ops() == [GroupBlockCopy(8, 10, group_idx=1)]
+    assert m.get_block_ids("0")[1] == (0, 8)  # (the owner keeps writing its block)
+    assert m.cached_block_ids(p[:6] + [11, 11], 6) == (7, 10)  # (the state at 6 is the copy's)
+    assert m.lookup_block_ids(p[:6] + [11, 11]) == ((5, 6, 7), (0, 10))
     m.check_invariants()
