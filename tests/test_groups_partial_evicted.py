@@ -52,3 +52,21 @@ def test_a_request_id_admitted_again_owns_its_new_entry_alone():
     assert m.cached_block_ids(p[:6] + [11, 11], 6) == (7, 10)  # (the state at 6 is the copy's)
     assert m.lookup_block_ids(p[:6] + [11, 11]) == ((5, 6, 7), (0, 10))
     m.check_invariants()
+
+
+def test_a_spare_partial_entry_moves_to_a_spare_copy():
+    # a and b compute one prompt to its last boundary in the same step (b reads no
+    # cache): b's Mamba block is a spare of a's entry; b's growth moves the spare
+    m = _manager(20)
+    p = [0, 0, 1, 1, 2, 2, 3]
+    m.add_request("a", p, num_new_tokens=6)
+    m.add_request("b", p, num_new_tokens=6, read_cache=False)
+    assert (m.get_block_ids("a"), m.get_block_ids("b")) == (((1, 2, 3), (0, 4)), ((5, 6, 7), (0, 8)))
+    assert m.extend("b", 1) == ((9,), ())
+    assert m.take_kv_ops() == [GroupBlockCopy(8, 10, group_idx=1)]
+    m.check_invariants()
+    assert m.lookup_block_ids(p[:6] + [9, 9]) == ((1, 2, 3), (0, 4))  # (the primary: a's)
+    m.free("a")
+    m.release_copies([GroupBlockCopy(8, 10, group_idx=1)])
+    m.check_invariants()
+    assert m.lookup_block_ids(p[:6] + [9, 9]) == ((1, 2, 3), (0, 4))
