@@ -1,6 +1,10 @@
-"""Partial hits (groups/partial.py) where one group's blocks of a prefix went and another's
-stayed: the hit is what every group still finds (tests the mutation pass showed missing)."""
+"""Partial hits (groups/partial.py): the cases mutants-r25's mutation pass found no test
+of (a Mamba state kept past evicted full-attention blocks, an owner's request id admitted
+again, a spare partial entry moved, Mamba blocks of the hash block's size)."""
 
+import pytest
+
+from prefixkv.errors import ConfigError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
 from prefixkv.groups.results import GroupBlockCopy
 
@@ -70,3 +74,9 @@ def test_a_spare_partial_entry_moves_to_a_spare_copy():
     m.release_copies([GroupBlockCopy(8, 10, group_idx=1)])
     m.check_invariants()
     assert m.lookup_block_ids(p[:6] + [9, 9]) == ((1, 2, 3), (0, 4))
+
+
+def test_partial_hits_with_mamba_blocks_of_the_hash_blocks_size_are_refused():
+    # (no Mamba block larger than the hash block: nothing falls inside one)
+    with pytest.raises(ConfigError):
+        HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 2], partial=True))
