@@ -98,3 +98,20 @@ def test_a_load_past_a_partial_hits_mamba_block_leaves_the_cached_state_alone():
     assert m.take_kv_ops() == []
     m.check_invariants()
     assert m.lookup_block_ids(p[:7] + [9]) == ((1, 2, 3), (0, 4))
+
+
+def test_a_hit_one_token_into_a_mamba_block_is_copied_on_write():
+    # hash block 1, full attention at 1, Mamba at 4: the state at 5 (one token into the
+    # Mamba block 4..7) is found and copied, as at any other point inside the block
+    sizes = BlockSizes.of([1, 4], hash_size=1, partial=True)
+    m = HybridKVCacheManager([full_attention(), mamba()], 20, sizes, hash_mode="sha256")
+    m.add_request("0", [0, 1, 2, 3, 4, 5], num_new_tokens=5)
+    assert m.get_block_ids("0") == ((1, 2, 3, 4, 5), (0, 6))
+    m.free("0")
+    p = [0, 1, 2, 3, 4, 9, 9]
+    assert m.lookup(p) == 5
+    assert m.lookup_block_ids(p) == ((1, 2, 3, 4, 5), (0, 6))
+    adm = m.add_request("1", p, num_new_tokens=2)
+    assert adm.group_block_ids == ((1, 2, 3, 4, 5, 7, 8), (0, 9))
+    assert m.take_kv_ops() == [GroupBlockCopy(6, 9, group_idx=1)]
+    m.check_invariants()
