@@ -68,3 +68,17 @@ def test_the_blocks_to_zero_are_vllms_id_for_id(layout, skip):
     load = 0 if "mamba" in layout else 9  # (no connector load beside Mamba: refused)
     ours, theirs = (_steps(m, skip, load) for m in _hybrid_pair(40, *LAYOUTS[layout]()))
     assert ours == theirs
+
+
+@pytest.mark.parametrize("layout", ["full+window6", "full+bf16window6"])
+def test_zeroing_again_where_nothing_is_zeroed_or_held_is_a_no_op(layout):
+    # a layout whose blocks vLLM never zeroes, and a request holding no blocks
+    from .test_vllm_hybrid_reference import _window
+
+    specs = (full(BS), _window(6)) if layout == "full+window6" else LAYOUTS[layout]()
+    for m in _hybrid_pair(40, *specs):
+        a = _request("a", list(range(9)), None)
+        assert m.allocate_slots(a, 9) is not None
+        m.take_new_block_ids()
+        m.record_blocks_for_zeroing("a" if layout == "full+window6" else "gone", 0)
+        assert m.take_new_block_ids() == []
