@@ -65,9 +65,11 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
 - Partial tail entries (vLLM's ``_cache_partial_tail_block``; docs/groups.md): a
   full-attention group larger than the hash block, once the prompt's last hash boundary
   before its last token lies inside one of its cached blocks, stores that boundary's
-  prefix as one more entry of the block (once per block, on a block holding its own key:
-  not on a twin); the entry is removed when the block is evicted (a twin taking over the
-  block's own key gets none).
+  prefix as one more entry of the block (once per block, on a block holding its key or
+  a twin of it, as vLLM caches every copy). Each entry counts its holders: announced by
+  the first, withdrawn when the last loses it (evicted, or a twin emptied when freed:
+  vLLM keeps that copy cached until it evicts it); a twin taking over the block's own key
+  keeps its own entry, if its request put one there.
 - Fine-grained partial hits (``partial``: vLLM's ``enable_partial_hash_hits``, on for a
   Mamba group larger than the hash block beside full attention at the hash block; the
   subset modelled here: every other group full attention of the hash block's size, no
@@ -87,11 +89,24 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   which is cached once full) and queues the same copy, both ends held the same way.
   Taking a block that holds keys evicts them all; a block cached whole while holding a
   shorter entry loses it first (vLLM's promotion).
+- Chunk-end checkpoints (``checkpoint``, with ``partial``: vLLM's
+  ``num_prefill_checkpoint_blocks = 1``, ``prefill_checkpoint_alignment`` the hash
+  block, dense retention, no lookahead, no EAGLE). A step from ``s`` to ``e`` checkpoints
+  at ``c = (e - 1) // h * h`` (vLLM's ``get_mamba_prefill_checkpoint_position``) when
+  ``s`` is a multiple of ``h``, ``s + h <= c``, and the entry ``j = cdiv(e, b) - 2``
+  lies past the one holding the step's initial state (``(s - 1) // b``) and is empty
+  (``is_mamba_prefill_checkpoint_valid``): the step then takes one more block (after
+  a copy on write's, before the one of its end) and puts it at ``j``, where the worker
+  writes the state at ``c``. It is cached as the state at ``c``: its own key when
+  ``c`` ends entry ``j``; else, when ``c`` is the prompt's last hash boundary, as an
+  entry of the prefix up to ``c`` (owned by nobody: no copy on write when the producer
+  goes on; the step records no partial tail entry then); else never (a transient
+  checkpoint, released with the step's other blocks below the next one's start).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -123,13 +138,15 @@ class Req:
     exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
     cow: dict = field(default_factory=dict)  # g -> (j, source, owner): a copy the next allocation makes
     lost: int | None = None  # the first hash block whose prefix id is lost (``rewind``)
+    checkpoints: dict = field(default_factory=dict)  # g -> (position, entry): the last step's checkpoint
 
 
 class SizedModel:
     def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None,
-                 retained=(), partial=False):
+                 retained=(), partial=False, checkpoint=False):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
         self.partial = partial
+        self.checkpoint = checkpoint
         self.copies: list = []  # (source, copy) queued, both held until ``take_copies``' caller frees them
         self.retained = tuple(retained) or (0,) * len(self.groups)
         # (vLLM's groups of a flagged group's spec peek too)
@@ -146,6 +163,7 @@ class SizedModel:
         self.holders: dict = {}  # key -> the blocks holding it, the first found first
         self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
         self.tails: dict = {}  # block -> the partial tail entry it holds besides its keys
+        self.tail_holders: Counter = Counter()  # a tail entry -> how many blocks hold it
         self.reqs: dict = {}
         # a rewind forgot what vLLM keeps beyond the request's own blocks (a spare, a
         # copy, a longer prefix, another request's prefix id): from then on vLLM's queue,
@@ -256,8 +274,7 @@ class SizedModel:
                 if not self.holders[key]:
                     del self.holders[key]
                     self.events.append(("removed", key))
-            if x in self.tails:
-                self.events.append(("removed", self.tails.pop(x)))
+            self._drop_tail(x)
             self.keys[x] = []
             self.refs[x] = 1
         return out
@@ -270,6 +287,7 @@ class SizedModel:
                 (last if self.keys[x] else first).append(x)
                 for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
                     self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                    self._drop_tail(x)
                     self.emptied += 1
                     primary = self.holders[key][0]
                     if not self.refs[primary]:
@@ -325,7 +343,8 @@ class SizedModel:
         for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
             skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
             fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
-            need += min(fresh, 1) + bool(self.partial and h and end % b) if w == "mamba" else fresh
+            ck = w == "mamba" and self._checkpoint(b, h, end, end + num_new) is not None
+            need += min(fresh, 1) + ck + bool(self.partial and h and end % b) if w == "mamba" else fresh
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
@@ -349,9 +368,11 @@ class SizedModel:
         r = self.reqs[rid]
         going = self._releasing(r)
         releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
-        need = len(r.cow) + sum(min(fresh, 1) if w == "mamba" else fresh
+        end = r.computed + num_new
+        need = len(r.cow) + sum(min(fresh, 1) + (self._checkpoint(b, ids, r.computed, end) is not None)
+                                if w == "mamba" else fresh
                                 for (b, w), ids in zip(self.groups, r.tables, strict=True)
-                                if (fresh := max(cdiv(r.computed + num_new, b) - len(ids), 0)))
+                                if (fresh := max(cdiv(end, b) - len(ids), 0)))
         if need > len(self.free) + releasable:
             return False
         for g, js in enumerate(going):
@@ -371,18 +392,34 @@ class SizedModel:
             if w != "mamba":
                 ids += self._take(fresh)
                 continue
-            new = self._take(int(fresh > 0) + (g in r.cow))
+            ck = self._checkpoint(b, ids, start, r.computed)
+            new = self._take(int(fresh > 0) + (ck is not None) + (g in r.cow))
             if g in r.cow:
                 self._copy(r, g, new.pop(0))
             if fresh:
-                ids += [self.null] * (fresh - 1) + new
+                ids += [self.null] * (fresh - 1 - (ck is not None)) + new
             if r.computed % b == 0:
                 r.exact.add((g, r.computed // b - 1))
+            if ck is None:
+                r.checkpoints.pop(g, None)
+                continue
+            r.checkpoints[g] = ck
+            if ck[0] == (ck[1] + 1) * b:
+                r.exact.add((g, ck[1]))
         n = min(r.computed, len(r.tokens))
         first = start // self.h if start // self.h < n // self.h else None  # (a hash boundary passed)
         if first:
             self._cut(r, first)
         self._cache(r, n, first)
+
+    def _checkpoint(self, b, ids, s, e):
+        """The checkpoint ``(position, entry)`` of a step from ``s`` to ``e`` in a Mamba
+        group of ``b`` whose entries are ``ids`` (module docstring), or None."""
+        c, j = (e - 1) // self.h * self.h, cdiv(e, b) - 2
+        if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b:
+            return None
+        assert j >= len(ids) or ids[j] == self.null
+        return c, j
 
     def _copy(self, r, g, copy):
         """The copy on write of ``r.cow[g]`` into the new block ``copy`` (module docstring)."""
@@ -432,8 +469,21 @@ class SizedModel:
                 self.keys[x].append(key)
             r.cached[g] = max(r.cached[g], full)
             self._tail(r, g, min(end, hashed))
-            if self.partial and w == "mamba":
+            if self.partial and w == "mamba" and g in r.checkpoints:
+                self._checkpointed(r, g)
+            elif self.partial and w == "mamba":
                 self._partial_tail(r, g, computed)
+
+    def _checkpointed(self, r, g):
+        """The step's checkpoint at ``c`` inside entry ``j + 1``: an entry of the prefix
+        up to ``c`` on block ``j`` when ``c`` is the prompt's last hash boundary."""
+        c, j = r.checkpoints[g]
+        if c % self.groups[g][0] == 0 or c != (r.prompt - 1) // self.h * self.h:
+            return
+        x, key = r.tables[g][j], (g, r.extra, tuple(r.tokens[:c]))
+        if key not in self.keys[x]:
+            self._unkey(x)
+            self._hold(x, key)
 
     def _partial_tail(self, r, g, computed):
         """A step that ended at the prompt's last hash boundary inside a Mamba block
@@ -460,9 +510,21 @@ class SizedModel:
                 or r.lost is not None and end // self.h > r.lost:
             return
         x = r.tables[g][end // b]
-        if x != self.null and self.keys[x] and x not in self.tails:
-            self.tails[x] = (g, r.extra, tuple(r.tokens[:end]))
-            self.events.append(("stored", self.tails[x]))
+        if x != self.null and self._holds(x) and x not in self.tails:  # (a spare's too)
+            self.tails[x] = entry = (g, r.extra, tuple(r.tokens[:end]))
+            if not self.tail_holders[entry]:  # (announced by its first holder)
+                self.events.append(("stored", entry))
+            self.tail_holders[entry] += 1
+
+    def _drop_tail(self, x):
+        """``x`` loses the partial tail entry it holds, if any: withdrawn by its last
+        holder."""
+        entry = self.tails.pop(x, None)
+        if entry is not None:
+            self.tail_holders[entry] -= 1
+            if not self.tail_holders[entry]:
+                del self.tail_holders[entry]
+                self.events.append(("removed", entry))
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""
@@ -515,6 +577,7 @@ class SizedModel:
         self.holders.clear()
         self.spares.clear()
         self.tails.clear()
+        self.tail_holders.clear()
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True
@@ -548,6 +611,7 @@ class SizedModel:
                 key = next((k for k, held in self.spares.items() if x in held), None)
                 if key is not None:  # (a spare: unlisted)
                     self.diverged = True
+                    self._drop_tail(x)
                     self.spares[key].remove(x)
                     if not self.spares[key]:
                         del self.spares[key]
@@ -575,8 +639,7 @@ class SizedModel:
             del self.spares[key]
         self.holders[key].append(heir)
         self.keys[heir].append(key)
-        if x in self.tails:
-            self.events.append(("removed", self.tails.pop(x)))
+        self._drop_tail(x)
 
     def _forget(self, roots, rewound, own):
         """Forget the prefixes ``roots`` (``(extra, tokens)``) and every one extending them
@@ -587,13 +650,15 @@ class SizedModel:
             return any(extra == e and tokens[:len(t)] == t for e, t in roots)
         freed = []
         for key in [k for k in self.holders if under(*k[1:])]:
-            self.diverged |= bool(self.spares.pop(key, None))  # (unlisted: a spare announces nothing)
+            spares = self.spares.pop(key, None)  # (unlisted: a spare announces nothing)
+            self.diverged |= bool(spares)
             self.events.append(("removed", key))
+            for x in spares or ():
+                self._drop_tail(x)
             for x in self.holders.pop(key):
                 self.diverged |= (key[0], x) not in own
                 self.keys[x].remove(key)
-                if x in self.tails:
-                    self.events.append(("removed", self.tails.pop(x)))
+                self._drop_tail(x)
                 if not self.refs[x]:
                     freed.append((key[0], x))
         freed.sort()

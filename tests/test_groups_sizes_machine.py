@@ -45,10 +45,12 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     live = LIVE
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
     partial = False  # (vLLM's fine-grained partial hits: no events then)
+    checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
 
     @initialize()
     def setup(self):
-        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial)
+        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial,
+                              checkpoints=self.checkpoints)
         retained = self.retained or (0,) * len(self.groups)
         specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w, e)
                  for (_, w), e in zip(self.groups, retained, strict=True)]
@@ -57,7 +59,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
                                       enable_events=not self.partial, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
-                                twins=True, peek=self.peek or None, retained=retained, partial=self.partial)
+                                twins=True, peek=self.peek or None, retained=retained, partial=self.partial,
+                                checkpoint=self.checkpoints)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -316,6 +319,19 @@ class PartialWideMachine(SizedMachine):
     partial = True
 
 
+class CheckpointMachine(PartialMachine):
+    """``PartialMachine`` with a chunk-end checkpoint block (groups/checkpoints.py)."""
+
+    checkpoints = True
+
+
+class CheckpointWideMachine(PartialWideMachine):
+    """``PartialWideMachine`` with chunk-end checkpoint blocks, two Mamba groups each."""
+
+    checkpoints = True
+    extra_blocks = 7
+
+
 class EagleWindowMachine(SizedMachine):
     """EAGLE on a 14-token window at 4 beside full attention at 8, which does not peek
     (hash 4, lcm 8): vLLM's layout of a draft model's window group (a peeking hit needs 5
@@ -353,3 +369,5 @@ TestEagleEveryGroupMachine = case(EagleEveryGroupMachine, max_examples=60, state
 TestEagleFullMachine = case(EagleFullMachine, max_examples=60, stateful_step_count=40)
 TestPartialMachine = case(PartialMachine, max_examples=60, stateful_step_count=40)
 TestPartialWideMachine = case(PartialWideMachine, max_examples=60, stateful_step_count=40)
+TestCheckpointMachine = case(CheckpointMachine, max_examples=60, stateful_step_count=40)
+TestCheckpointWideMachine = case(CheckpointWideMachine, max_examples=60, stateful_step_count=40)

@@ -244,3 +244,144 @@ def test_the_free_queue_lists_the_free_blocks_in_reuse_order():
     m, _ = _plain()
     assert [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()] == [
         i + m._blocks.offset for i in m.core.free_block_order()] == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_connector_asking_each_block_pays_the_same_on_a_long_request(window):
+    # (vLLM's SimpleCPUOffload and aux-output connectors ask every block, every step: the
+    # request's prompt is encoded once, block_hashes.py's probes)
+    import gc
+
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.bench.opcodes import count_opcodes
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+
+    def cost(blocks: int) -> int:
+        specs = (full(BS), _window(2 * BS)) if window else (full(BS),)
+        m = Ours(config(*specs, num_blocks=len(specs) * (blocks + 4)), max_model_len=blocks * BS + BS,
+                 scheduler_block_size=BS, hash_block_size=BS)
+        r = ref._request("a", [(i * 31) % 1000 for i in range(blocks * BS)], None)
+        m.prepared_prompts.note(r)
+        assert m.allocate_slots(r, blocks * BS) is not None
+        r.num_computed_tokens = blocks * BS
+        m.cache_blocks(r, blocks * BS)
+        for h in r.block_hashes:  # (a step's questions: the prompt encoded, its blocks walked)
+            assert m.block_pool.get_cached_block(h, [0]) is not None
+        gc.disable()  # (a collection's callbacks would be counted)
+        try:
+            return count_opcodes(lambda: m.block_pool.get_cached_block(r.block_hashes[blocks // 2], [0]))
+        finally:
+            gc.enable()
+
+    assert cost(256) == cost(16)
+
+
+def test_a_finished_requests_hash_is_refused_without_a_look_at_every_live_hash():
+    # (the aux-output connector asks finished requests' hashes; the map of hashes is made
+    # from where each live request's last scan left it)
+    import gc
+
+    from prefixkv.bench.opcodes import count_opcodes
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    def cost(blocks: int) -> int:
+        m, _ = _plain()
+        live = []
+        for i in range(4):
+            r = ref._request(f"l{i}", [i] * (blocks * BS), None)
+            m.prepared_prompts.note(r)
+            live.append(r)
+        gone = ref._request("gone", list(range(9)), "salt")
+        m.prepared_prompts.note(gone)
+        h = gone.block_hashes[0]
+        del gone
+        gc.collect()
+
+        def ask() -> None:
+            with pytest.raises(UnsupportedByPrefixKV, match="no live request"):
+                m.block_pool.get_cached_block(h, [0])
+
+        ask()
+        gc.disable()  # (a collection's callbacks would be counted)
+        try:
+            return count_opcodes(ask)
+        finally:
+            gc.enable()
+
+    assert cost(64) == cost(4)
+
+
+@pytest.mark.parametrize("goes", [0, 1])
+def test_a_hash_two_requests_hold_is_answered_while_either_lives(goes):
+    import gc
+
+    m, a = _plain()
+    b = ref._request("b", list(range(9)), None)
+    m.prepared_prompts.note(b)
+    pool, h = m.block_pool, a.block_hashes[1]
+    assert [x.block_id for x in pool.get_cached_block(h, [0])] == [2]
+    reqs = [a, b]
+    del reqs[goes], a, b
+    gc.collect()
+    assert [x.block_id for x in pool.get_cached_block(h, [0])] == [2]
+
+
+def test_a_request_cut_and_grown_again_names_its_new_prefix():
+    # (vLLM's P/D connectors cut a prompt's tail on the prefill side; the hashes go with it)
+    m, r = _plain()
+    pool = m.block_pool
+    old = r.block_hashes[1]
+    assert [x.block_id for x in pool.get_cached_block(old, [0])] == [2]
+    del r._all_token_ids[4:]
+    del r.block_hashes[1:]
+    r.num_computed_tokens = 4
+    r.append_output_token_ids([7] * 5)  # (its hasher hashes the new block)
+    assert len(r.block_hashes) == 2 and r.block_hashes[1] != old
+    assert pool.get_cached_block(r.block_hashes[1], [0]) is None  # (never computed)
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+    with pytest.raises(UnsupportedByPrefixKV, match="no live request"):
+        pool.get_cached_block(old, [0])
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_contain_lists_every_copy_of_a_prefix_as_vllms_map(window):
+    # (vLLM's BlockHashToBlockMap keeps each block that computed a prefix under its key:
+    # the primary and a spare its request holds; get_one_block gives the first cached)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash, make_block_hash_with_group_id
+    from vllm.v1.request import RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    specs = (full(BS), _window(2 * BS)) if window else (full(BS),)
+    seen = []
+    for cls in (Theirs, Ours):
+        m = cls(config(*specs, num_blocks=12 * len(specs)), max_model_len=ref.MAX_LEN,
+                scheduler_block_size=BS, hash_block_size=BS)
+        reqs = []
+        for rid in ("a", "b"):  # b: a's prompt again, its last block computed anew (a spare)
+            r = ref._request(rid, list(range(3 * BS)), None)
+            if cls is Ours:
+                m.prepared_prompts.note(r)
+            blocks, hit, _ = m.get_computed_blocks(r)
+            assert m.allocate_slots(r, 3 * BS - hit, hit, blocks) is not None
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3 * BS
+            m.cache_blocks(r, 3 * BS)
+            reqs.append(r)
+        cached = m.block_pool.cached_block_hash_to_block
+        state = []
+        for g in range(len(specs)):
+            for h in reqs[0].block_hashes:
+                key = make_block_hash_with_group_id(h, g)
+                one = cached.get_one_block(key)
+                state.append((None if one is None else one.block_id,
+                              [i for i in range(1, m.block_pool.num_gpu_blocks) if cached.contain(key, i)]))
+        seen.append(state)
+    assert seen[0] == seen[1]
+    assert any(len(ids) == 2 for _, ids in seen[1])  # (a spare is listed)

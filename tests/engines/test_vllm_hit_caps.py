@@ -162,18 +162,18 @@ def test_eagle_flagged_on_the_draft_models_group_peeks_there_only():
     assert hit == 48 and blocks.get_block_ids() == (a_full[:3], [0, *a_window[1:3]])
 
 
-def test_multi_module_mtp_re_prefillable_tokens_are_refused():
+def test_multi_module_mtp_re_prefillable_tokens_are_refused_beside_other_groups():
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
     # vLLM's coordinator caches num_computed - (num_prefill_lookahead - 1) tokens (the
-    # drafter may prefill the last ones again); prefixkv would cache them all
-    with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_lookahead=3"):
-        manager(use_eagle=True, num_prefill_lookahead=3)
+    # drafter may prefill the last ones again): prefixkv does so on one full-attention
+    # group (tests/engines/test_vllm_reprefill.py), and refuses it beside other groups
     with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_lookahead=2"):
         manager(full(), window(), num_prefill_lookahead=2)
-    # EAGLE's one token ahead (1), and no caching: offered
-    assert manager(use_eagle=True, num_prefill_lookahead=1).use_eagle
-    assert not manager(num_prefill_lookahead=4, enable_caching=False).enable_caching
+    assert manager(use_eagle=True, num_prefill_lookahead=3).reprefill_tokens == 2
+    # EAGLE's one token ahead (1), and no caching: nothing re-prefilled
+    assert manager(use_eagle=True, num_prefill_lookahead=1).reprefill_tokens == 0
+    assert manager(num_prefill_lookahead=4, enable_caching=False).reprefill_tokens == 0
 
 
 def lose(m, block_id):

@@ -2,17 +2,18 @@
 ``KVCacheManager``, entry by entry (each announced or withdrawn hash, however batched).
 
 A spare is a second block of a prefix its group holds (here: a request whose hit stops
-at the lcm recomputes the prompt's last block of the full group of 16). vLLM announces a
-spare's entries again, its partial tail entry (``cache_partial_block``: the hash block
-before the prompt's last hash boundary) included, keeps the copy cached when it is
-freed, and withdraws those entries when it evicts the copy; prefixkv announces nothing
-for a spare and empties it when it is freed, without an event (groups/index.py,
-groups/tails.py). So a consumer that counts stores and removals per hash holds the same
-entries from both streams while the spare's tail is one the primary holds too (the
-first test), and holds one more from vLLM's while the spare is the only block whose
-request put its tail there (the second: the primary's prompt is longer, its tail lies in
-a later block), from the spare's compute until vLLM evicts the copy. docs/groups.md
-states both. Needs vllm."""
+at the lcm recomputes the prompt's last block of the full group of 16). vLLM caches and
+announces a spare's entries again, its partial tail entry (``cache_partial_block``: the
+hash block before the prompt's last hash boundary) included, keeps the copy cached when
+it is freed, and withdraws those entries when it evicts the copy. prefixkv announces a
+spare's own entries not again, counts the holders of each partial tail entry (a spare's
+too: groups/tails.py) and announces one when its first holder stores it, and empties a
+spare when it is freed (its tail entry withdrawn if it held the last). So a consumer that
+counts stores and removals per hash holds the same entries from both streams at every
+step, but from a spare's free until vLLM evicts the copy, where vLLM's holds the freed
+copy's tail entry if no other block holds it (the free-duplicate difference,
+docs/groups.md): the first test, whose primary holds that tail too, and the second,
+whose primary's prompt is longer (its tail lies in a later block). Needs vllm."""
 
 from __future__ import annotations
 
@@ -103,18 +104,20 @@ def test_a_spares_tail_that_the_primary_holds_too_changes_no_count():
     assert mine == vllms and (1, tuple(PROMPT[:24])) in mine
 
 
-def test_a_spares_tail_that_no_primary_holds_is_vllms_alone_until_it_evicts_the_copy():
+def test_a_spares_tail_that_no_primary_holds_is_announced_with_the_spare():
     pair = Pair(num_blocks=13)  # (the null block, 9 for a, 3 for b's spares)
     pair.run("a", list(range(100, 148)))  # 48 tokens: its tail at 40, in block 2 of 16
     ours, theirs = pair.step()
     assert ours == theirs and (True, 1, 40) in short(ours) and (True, 1, 24) not in short(ours)
     b = pair.run("b", PROMPT)  # a's first 32 tokens: its tail at 24, in its spare
     ours, theirs = pair.step()
-    assert ours == [] and short(theirs) == SPARE_STORED
+    assert short(ours) == [(True, 1, 24)] and short(theirs) == SPARE_STORED
+    assert ours[0] == theirs[-1]
     mine, vllms = pair.held()
-    assert vllms - mine == {(1, tuple(PROMPT[:24]))} and mine <= vllms
-    pair.free(b)
-    assert pair.step() == ([], [])
+    assert mine == vllms and (1, tuple(PROMPT[:24])) in mine
+    pair.free(b)  # prefixkv empties the spare, its tail entry's only holder: withdrawn
+    ours, theirs = pair.step()
+    assert short(ours) == [(False, 1, 24)] and theirs == []
     mine, vllms = pair.held()
     assert vllms - mine == {(1, tuple(PROMPT[:24]))}  # the freed copy's, still in vLLM
     pair.run("c", list(range(300, 316)))
@@ -122,3 +125,18 @@ def test_a_spares_tail_that_no_primary_holds_is_vllms_alone_until_it_evicts_the_
     assert short(theirs[:4]) == SPARE_REMOVED and theirs[4:] == ours != []
     mine, vllms = pair.held()
     assert mine == vllms and (1, tuple(PROMPT[:24])) not in mine
+
+
+def test_a_primary_evicted_while_its_spare_is_held_leaves_the_spares_tail_entry():
+    pair = Pair(num_blocks=10)
+    a = pair.run("a", PROMPT)
+    b = pair.run("b", PROMPT)  # spares of a's last blocks, its tail (24) in its spare too
+    pair.step()
+    pair.free(a)
+    pair.run("c", list(range(300, 316)))  # takes a's 3 freed blocks: b's spares take over
+    pair.step()
+    mine, vllms = pair.held()
+    assert mine == vllms and (1, tuple(PROMPT[:24])) in mine
+    pair.free(b)
+    pair.step()
+    assert pair.held()[0] == pair.held()[1]

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import RequestError, check_count
+from ..errors import check_count
 from ..extra_keys import ExtraKeys
 from .block import Block
+from .probe import BlockProbe
 from .prompt import Prompt
 
 if TYPE_CHECKING:
@@ -51,16 +52,18 @@ def cached_block_id(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prom
     one included (``lookup`` leaves out the block holding a prompt's last token); None
     when no device block holds it now. Changes nothing (no reference, no LRU update).
     Takes a ``Prompt``. Raises RequestError for a bad ``num_tokens``, and as
-    ``add_request`` for bad input."""
+    ``add_request`` for bad input. (One prompt asked again and again: ``block_probe``.)"""
+    return block_probe(self, prompt_token_ids, extra=extra).at(num_tokens)
+
+
+def block_probe(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+                extra: ExtraKeys | None = None) -> BlockProbe:
+    """The prompt encoded once, to ask ``cached_block_id`` of its prefixes again and
+    again (``BlockProbe.at``): O(1) a question while the blocks found stay (probe.py).
+    Changes nothing; holds no reference. Takes a ``Prompt``. Raises as ``add_request``
+    for bad input."""
     req = self._find(None, prompt_token_ids, extra, False, None)[0]
-    bs = self.block_size
-    check_count("num_tokens", num_tokens, bs, len(req.tokens) // bs * bs)
-    if num_tokens % bs:
-        raise RequestError(f"num_tokens must be a multiple of block_size {bs}, got {num_tokens}")
-    k = num_tokens // bs
     chunks = req.prompt_chunks
     assert chunks is not None, "_find sets a request's prompt chunks"
-    hits = self._index.match(chunks if k == len(chunks) else chunks[:k], req.keys.base, req.keys.mm)
-    if len(hits) < k or type(hits[k - 1]) is not Block:
-        return None
-    return hits[k - 1].block_id
+    return BlockProbe(self._index, self._host is not None, chunks, len(req.tokens) // self.block_size,
+                      req.keys.base, req.keys.mm, self.block_size)

@@ -1,7 +1,14 @@
 """Which block of each group holds a prefix now: a read of the hybrid manager's index by
 content, for an engine that asks its pool about one prefix at a time (vLLM's
-``BlockPool.get_cached_block``). ``HybridKVCacheManager``'s body lists it; it changes
-nothing.
+``BlockPool.get_cached_block``, called by connectors per block per step).
+``HybridKVCacheManager``'s body lists ``cached_block_ids`` and ``prefix_probe``; they
+change nothing.
+
+A probe (``PrefixProbe``) keeps a prompt encoded and the prefix nodes its last walk
+found. A node stays the table's node of its prefix while something refers to it and it
+is not lost (prefixes.py: the last reference removes it, ids are never reused), so such
+a node is the answer's node in O(1); otherwise the walk goes on from the deepest node of
+the prompt that still is (one table probe a node newly found).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..core.prompt import Prompt, encode_prompt, unpack_prompt
 from ..errors import RequestError, check_count
 from ..extra_keys import ExtraKeys
+from .prefixes import Prefix
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -28,7 +36,15 @@ def cached_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     groups/partial.py); None where the group holds neither now (a window's
     block never recorded, evicted, or past what ``BlockSizes.caches`` keeps). Changes
     nothing. Takes a ``Prompt``. Raises RequestError for a bad ``num_tokens``, and as
-    ``add_request`` for bad input."""
+    ``add_request`` for bad input. (One prompt asked again and again: ``prefix_probe``.)"""
+    return prefix_probe(self, prompt_token_ids, extra=extra).ids(num_tokens)
+
+
+def prefix_probe(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+                 extra: ExtraKeys | None = None) -> PrefixProbe:
+    """The prompt encoded once, to ask ``cached_block_ids`` of its prefixes again and
+    again (``PrefixProbe.ids``). Changes nothing; holds no reference. Takes a
+    ``Prompt``. Raises as ``add_request`` for bad input."""
     h = self._hash_size
     chunks: Sequence[bytes]
     if isinstance(prompt_token_ids, Prompt):
@@ -37,22 +53,74 @@ def cached_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     else:
         tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, h, self.vocab_size)
         n = len(tokens)
-    check_count("num_tokens", num_tokens, h, n // h * h)
-    if num_tokens % h:
-        raise RequestError(f"num_tokens must be a multiple of the hash block size {h}, got {num_tokens}")
-    k = num_tokens // h
-    nodes = self._table.walk(chunks, keys.of_blocks(0, k), k)
-    if len(nodes) < k:
-        return (None,) * len(self.groups)
-    node, index = nodes[-1], self._index
-    out: list[int | None] = []
-    partial = self.sizes.partial  # (a Mamba group's partial entry is found by its prefix: partial.py)
-    for g, b in enumerate(self._group_sizes):
-        if not num_tokens % b or (partial and self.groups[g].sparse):
+    return PrefixProbe(self, chunks, keys.of_blocks(0, n // h))
+
+
+class PrefixProbe:
+    """Per prefix of one encoded prompt (``chunks``: its hash blocks' token bytes;
+    ``extras``: each full one's extra bytes), the block of each group holding it now
+    (``ids``). Holds the nodes found last (no reference: nothing is kept)."""
+
+    __slots__ = ("_m", "_chunks", "_extras", "_nodes")
+
+    def __init__(self, m: HybridKVCacheManager, chunks: Sequence[bytes], extras: Sequence[bytes]) -> None:
+        self._m, self._chunks, self._extras = m, chunks, extras
+        self._nodes: list[Prefix] = []
+
+    def ids(self, num_tokens: int) -> tuple[int | None, ...]:
+        """``cached_block_ids`` of the prompt's first ``num_tokens`` tokens. Raises
+        RequestError for a bad ``num_tokens``."""
+        m = self._m
+        node = self._node(num_tokens)
+        if node is None:
+            return (None,) * len(m.groups)
+        out: list[int | None] = []
+        for g in range(len(m.groups)):
+            holders = self._holders(node, num_tokens, g)
+            out.append(holders[0] if holders else None)
+        return tuple(out)
+
+    def copies(self, num_tokens: int, g: int) -> tuple[int, ...]:
+        """Every block of group ``g`` holding the prompt's first ``num_tokens`` tokens:
+        the one ``ids`` gives, then its held spares, the oldest first (a group past the
+        groups: none). Raises as ``ids``."""
+        node = self._node(num_tokens)
+        return () if node is None or g >= len(self._m.groups) else self._holders(node, num_tokens, g)
+
+    def _holders(self, node: Prefix, num_tokens: int, g: int) -> tuple[int, ...]:
+        m = self._m
+        index = m._index
+        # (a Mamba group's partial entry is found by its prefix: partial.py)
+        if not num_tokens % m._group_sizes[g] or (m.sizes.partial and m.groups[g].sparse):
             block = index.find(g, node)
-            out.append(None if block is None else block.block_id)
-            continue
-        out.append(next((i for i, tail in index.tails.items()
-                         if tail.group_idx == g and node.hash is not None
-                         and tail.block_hashes[0] == node.hash), None))
-    return tuple(out)
+            if block is None:
+                return ()
+            return (block.block_id, *(s.block_id for s in index.twins[g].get(node.pid, ())))
+        return tuple(i for i, tail in index.tails.items()
+                     if tail.group_idx == g and node.hash is not None and tail.block_hashes[0] == node.hash)
+
+    def _node(self, num_tokens: int) -> Prefix | None:
+        h = self._m._hash_size
+        check_count("num_tokens", num_tokens, h, len(self._extras) * h)
+        if num_tokens % h:
+            raise RequestError(f"num_tokens must be a multiple of the hash block size {h}, got {num_tokens}")
+        k = num_tokens // h
+        nodes = self._nodes
+        node = nodes[k - 1] if k <= len(nodes) else None
+        return node if node is not None and node.refs and not node.lost else self._walk(k)
+
+    def _walk(self, k: int) -> Prefix | None:
+        nodes = self._nodes
+        i = min(k - 1, len(nodes))  # the deepest node of the prompt still in the table
+        while i and not (nodes[i - 1].refs and not nodes[i - 1].lost):
+            i -= 1
+        del nodes[i:]
+        chunks, extras, child = self._chunks, self._extras, self._m._table.child
+        node = nodes[-1] if nodes else None
+        while i < k:
+            node = child(node, chunks[i], extras[i])
+            if node is None:
+                return None
+            nodes.append(node)
+            i += 1
+        return node

@@ -192,6 +192,8 @@ class GroupIndex:
             listed.remove(b)
             if not listed:
                 del twins[node.pid]
+            if self.tails:
+                self.tails.drop(b)
             self.table.unhold(node)
             return
         assert self.entries[g].get(node.pid) is b, b
@@ -264,7 +266,7 @@ class GroupIndex:
                     if self._holds(b, g, pid) or not b.twin or not b.ref_cnt \
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
-        tails = self.tails.mismatch(self.nodes, self.entries)
+        tails = self.tails.mismatch(self.nodes, self.entries, self.twins)
         if tails is not None:
             return tails
         for b in blocks:

@@ -31,7 +31,7 @@ from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
-from . import admission, cached, decode, forks, growth, manager_check, partial, parts, release
+from . import admission, cached, checkpoints, decode, forks, growth, manager_check, partial, parts, release
 from .index import GroupIndex
 from .pins import RewindPins
 from .prefixes import PrefixTable
@@ -92,6 +92,7 @@ class HybridKVCacheManager:
     _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
     _held_copies: list[GroupBlockCopy] | None = None  # copies on write holding their blocks
     _owners: partial.Owners | None = None  # (request id -> the partial entries it owns)
+    _checkpoints: checkpoints.Steps | None = None  # (request id -> its last step's checkpoints)
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
     _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
@@ -118,6 +119,7 @@ class HybridKVCacheManager:
     lookup = admission.lookup
     lookup_block_ids = admission.lookup_block_ids
     cached_block_ids = cached.cached_block_ids
+    prefix_probe = cached.prefix_probe
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter

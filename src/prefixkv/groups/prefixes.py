@@ -81,6 +81,11 @@ class PrefixTable:
             pid = node.pid
         return out
 
+    def child(self, parent: Prefix | None, chunk: bytes, extra: bytes) -> Prefix | None:
+        """The node in the table of the block after ``parent`` (None: a first block)
+        holding ``chunk``/``extra``, None if there is none. Changes nothing."""
+        return self._nodes.get((parent.pid if parent is not None else 0, chunk, extra))
+
     def extend(self, parent: Prefix | None, chunks: Sequence[bytes], extras: Sequence[bytes],
                hashes: Sequence[bytes] | None, cut: bool = False) -> list[Prefix]:
         """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created

@@ -38,7 +38,7 @@ content only through ``uncache``, which counts.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 
 from ..core.block import Block, blocks_for
 from ..core.prompt import Prompt
@@ -93,10 +93,12 @@ class GroupRequest:
         """Set ``next_release`` from the groups' cuts (``sizes``: each group's block size)."""
         self.next_release = min(s.release_at(c, b) for s, c, b in zip(specs, self.cut, sizes, strict=True))
 
-    def check(self, specs: Sequence[GroupSpec], sizes: BlockSizes) -> str | None:
+    def check(self, specs: Sequence[GroupSpec], sizes: BlockSizes,
+              marked: Collection[tuple[int, int]] = ()) -> str | None:
         """The first way the tables disagree with the tokens and the specs, None when
         sound (``sizes``: the manager's; ``nodes`` are at ``sizes.hash_size``, group g's
-        block j holds ``nodes[sizes.key_index(g, j)]``)."""
+        block j holds ``nodes[sizes.key_index(g, j)]``, but the (g, j) ``marked``: a
+        checkpoint holding a shorter prefix, groups/checkpoints.py)."""
         h, rid = sizes.hash_size, self.request_id
         if len(self.nodes) != self.num_scheduled // h or self.num_scheduled > len(self.tokens):
             return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
@@ -117,7 +119,9 @@ class GroupRequest:
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
             for j in range(cut, self.num_scheduled // bs):
                 b, node = table[j], self.nodes[sizes.key_index(g, j)]
-                if b is not None and b.key is not None and (  # (a lost prefix's block, which
+                if b is None or (g, j) in marked:
+                    continue
+                if b.key is not None and (  # (a lost prefix's block, which
                         b.key[1:] != node.key[1:] if node.lost  # a sharer recomputed: the
                         else b.key is not node.key):  # same tokens under a new prefix)
                     return f"request {rid!r} group {g}: block {j} holds another prefix"

@@ -22,7 +22,9 @@ own size, one block where a step ends (the entries it jumps over empty), release
 block below the state it reads, and records only the blocks that hold the state at
 their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
 ``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
-align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py; the
+align mode with its fine-grained partial hits off (with them: partial.py; with
+``BlockSizes.checkpoints``, a step also takes a chunk-end checkpoint block where vLLM
+does: checkpoints.py). ``rewind``: sized_rewind.py; the
 orders of release and free, the request check and the refusals: sized_release.py. Not
 served yet, refused with ConfigError: ``fork``, ``uncache_blocks``, ``peek`` beyond
 ``sized_admission.check_peek``, ``rewind`` beside Mamba or over what a window
@@ -38,7 +40,7 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import partial, sized_admission, sized_release, sized_rewind
+from . import checkpoints, partial, sized_admission, sized_release, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -80,7 +82,7 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
                               b // h)
         if self._index.hashing and spec.kind == FULL and b > h:
             _tail(self, req, g, table, hi)
-    if sizes.partial:
+    if sizes.partial and not (sizes.checkpoints and checkpoints.record(self, req)):
         partial.tail(self, req)
 
 
@@ -149,12 +151,13 @@ def _holes(self: HybridKVCacheManager, req: GroupRequest, total: int) -> list[in
 
 
 def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], holes: Sequence[int] = (),
-          total: int = 0, cows: Sequence[int] = ()) -> Growth:
+          total: int = 0, cows: Sequence[int] = (), marks: Sequence[int] = ()) -> Growth:
     """Append ``more[g]`` entries to group g's table, free blocks but for a sparse
     group's jumped-over ones, and a free block into each of ``holes`` (where a step
     ending at ``total`` writes; the caller checked the blocks are there); their ids,
     per group. Each group of ``cows`` first takes the block its owned partial entry
-    moves to (``partial.moved``; not in the ids)."""
+    moves to (``partial.moved``; not in the ids), each of ``marks`` a checkpoint block
+    before its last (groups/checkpoints.py)."""
     added = []
     if not self._sparse:
         fresh = self._pool.take(sum(more))
@@ -164,9 +167,9 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
             table += new
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)
-    fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows))
+    fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows) + len(marks))
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
-        k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows)
+        k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows) + (g in marks)
         new, fresh = fresh[:k], fresh[k:]
         self._index.own(g, new)
         if g in cows:
@@ -189,9 +192,11 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     more = _more(self, req, total)
     holes: Sequence[int] = ()
     cows = _cows(self, req) if self._owners else ()  # (none but with partial hits)
+    marks: Sequence[int] = ()
     if self._sparse:
         holes = _holes(self, req, total)
-        if _fresh(self, more) + len(holes) + len(cows) > self._pool.num_free + freed:
+        marks = checkpoints.count(self, req.tables, start, total) if self.sizes.checkpoints else ()
+        if _fresh(self, more) + len(holes) + len(cows) + len(marks) > self._pool.num_free + freed:
             return None
     elif sum(more) > self._pool.num_free + freed:
         return None
@@ -205,7 +210,9 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
         raise
     self._release(req, going)
-    added = _take(self, req, more, holes, total, cows)
+    if marks:
+        checkpoints.note(self, req, start, total, req.tables)
+    added = _take(self, req, more, holes, total, cows, marks)
     if self._sparse:
         sized_admission._mark(self, req, total)
     req.num_scheduled, req.step_start = total, max(start, req.step_start)
@@ -251,7 +258,9 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     block size."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    return max(0, _fresh(self, _more(self, req, num_slots)) + len(_cows(self, req))
+    marks = checkpoints.count(self, req.tables, req.num_scheduled, num_slots) \
+        if self.sizes.checkpoints else ()
+    return max(0, _fresh(self, _more(self, req, num_slots)) + len(_cows(self, req)) + len(marks)
                - self._going(req, req.num_scheduled)[1])
 
 

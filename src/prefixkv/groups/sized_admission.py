@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import partial
+from . import checkpoints, partial
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -160,11 +160,18 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
         taken[g] += 1  # (first of its new blocks: the copy on write)
+    marks: Sequence[int] = ()
+    if self.sizes.checkpoints:
+        rows = [[None] * c + found for c, found in zip(cuts, hits, strict=True)]
+        marks = checkpoints.count(self, rows, num_cached, total)
+        for g in marks:
+            taken[g] += 1  # (before the block where the step ends: the checkpoint)
     held = [b for found in hits for b in found]
     fit = 0
-    if require_full_fit:
-        fit = len(cows) + sum(min(x, 1) if s.sparse else x for s, x in zip(
-            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True))
+    if require_full_fit:  # (a Mamba group: its block, and a checkpoint where the prompt's would take one)
+        whole = checkpoints.count(self, rows, num_cached, n) if self.sizes.checkpoints else []
+        fit = len(cows) + sum(min(x, 1 + (g in whole)) if s.sparse else x for g, (s, x) in enumerate(zip(
+            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True)))
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     prepared = None  # (the new full hash blocks' data: computed before any change)
@@ -176,10 +183,12 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
         copy = new.pop(0) if g in cows else None
-        if self.groups[g].sparse:  # (None but where the step ends)
+        if self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
             row: list[Block | None] = [None] * m
             if new:
-                row[ends[g] - (covered[g] - m)] = new[0]
+                row[ends[g] - (covered[g] - m)] = new[-1]
+            if g in marks:
+                row[ends[g] - 1 - (covered[g] - m)] = new[0]
             new = row
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
@@ -188,6 +197,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)
+    if marks:
+        checkpoints.note(self, req, num_cached, total, rows)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from ..core.block import Block
 from ..errors import ConfigError
-from . import partial
+from . import checkpoints, partial
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .results import GroupFork
@@ -30,6 +30,8 @@ def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> 
     """vLLM's plain order: group by group, each group's last block first."""
     if self._owners:
         partial.forget(self, req.request_id)
+    if self._checkpoints:
+        checkpoints.forget(self, req.request_id)
     return [b for b in chain.from_iterable(map(reversed, req.tables)) if b is not None]
 
 
@@ -43,15 +45,16 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     content where the count the request reached (``num_reserved``) records it."""
     sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
     states, reached = req.states or (), max(n, req.num_reserved)
+    marked = checkpoints.entries(self, req) if self._checkpoints else ()  # (the prompt's boundary)
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
         for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
-            want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states)
+            want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states) or (g, j) in marked
             if b is not None and not node.lost and (b.key is not None or sound) and \
                     (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j)):
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
-    return req.check(self.groups, sizes)
+    return req.check(self.groups, sizes, marked)
 
 
 def _refuse(what: str) -> NoReturn:

@@ -42,19 +42,23 @@ class BlockSizes:
     align: int
     peek: tuple[bool, ...] = ()  # per group: it caches for peeking hits (vLLM's EAGLE); (): none
     partial: bool = False  # vLLM's fine-grained partial hits (groups/partial.py)
+    checkpoints: bool = False  # vLLM's chunk-end checkpoint blocks (groups/checkpoints.py)
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
-           peek: Sequence[bool] = (), partial: bool = False) -> BlockSizes:
+           peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
         ``partial``: vLLM's fine-grained partial hits (hits and caching at the hash
         block, Mamba states found inside their blocks: groups/partial.py, which the
-        manager checks the groups against). Raises ConfigError: no sizes, a size (or
+        manager checks the groups against). ``checkpoints``: vLLM's chunk-end checkpoint
+        blocks, one per Mamba group at the hash block's alignment (groups/checkpoints.py;
+        with ``partial`` only). Raises ConfigError: no sizes, a size (or
         ``hash_size``, ``align``) not a positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
-        group, ``partial`` not a bool or with ``peek``."""
+        group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
+        without ``partial``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -74,7 +78,9 @@ class BlockSizes:
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
         if type(partial) is not bool or (partial and any(flags)):
             raise ConfigError(f"partial must be a bool, and False with peek, got {partial!r}")
-        return cls(got, h, a, flags if any(flags) else (), partial)
+        if type(checkpoints) is not bool or (checkpoints and not partial):
+            raise ConfigError(f"checkpoints must be a bool, and False without partial, got {checkpoints!r}")
+        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints)
 
     @property
     def unit(self) -> int:
@@ -163,7 +169,7 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
     got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
-                        block_size.partial)
+                        block_size.partial, block_size.checkpoints)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")

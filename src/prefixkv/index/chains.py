@@ -123,13 +123,27 @@ class ContentChains(Announcer):
 
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
-        content (None: a first block), as ``match`` would find it after ``parent``.
-        Changes nothing but the writes of a pending run ``parent`` heads or is in (no
-        other pending block can hold it: none is a first block or in a dict)."""
+        content (None: a first block): ``held`` is not None (written out: a store's
+        landing asks it, one call less)."""
         if parent is not None and self.run_counts.pending:  # (its content id read here)
             self._settle_near(parent)
         return self._held(parent, parent.content_id if parent is not None else 0,
                           chunk, extra) is not None
+
+    def held(self, parent: Block | None, chunk: bytes, extra: bytes) -> Block | None:
+        """The device block holding the content ``chunk``/``extra`` under ``parent``'s
+        content (None: a first block), as ``match`` would find it after ``parent``; None
+        when none does. Changes nothing but the writes of a pending run ``parent`` heads
+        or is in (no other pending block can hold it: none is a first block or in a
+        dict)."""
+        if parent is not None and self.run_counts.pending:  # (its content id read here)
+            self._settle_near(parent)
+        return self._held(parent, parent.content_id if parent is not None else 0, chunk, extra)
+
+    def spares(self, b: Block) -> list[Block]:
+        """The held spares of the content ``b`` holds as its primary, the oldest first
+        (the one that takes its place if it goes). Changes nothing."""
+        return list(self._twins.get(b.content_id, ())) if self._twins else []
 
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
         """Record ``b`` (new content ``chunk`` under ``parent``) as ``parent``'s chained

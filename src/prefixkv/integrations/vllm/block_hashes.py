@@ -13,16 +13,24 @@ prefix (``KVCacheManager.cached_block_id``, ``HybridKVCacheManager.cached_block_
 The requests are those prefixkv's block hasher noted (``PreparedPrompts``: every
 ``Request`` an engine builds while prefixkv's manager exists, held weakly), so nothing is
 recorded on the admission path: the map from hash to request is built when a hash is
-first asked for, and again when one is not in it. A hash no live request of those holds
-(its request is gone, or was built without that hasher) cannot be turned into a prefix:
-``UnsupportedByPrefixKV``, rather than an answer that could differ from vLLM's.
+first asked for, and grown when one is not in it (``HashedPrefixes``). Connectors ask
+every block of a request every step, so each request's prompt is encoded once, into a
+probe kept while the request lives (``HashLookups._probe``): a question then costs the
+same whatever the request's length (benchmarks/bench_pool_view.py).
+
+A hash no live request of those holds (its request is gone, or was built without that
+hasher) cannot be turned into a prefix: ``UnsupportedByPrefixKV``, rather than an answer
+that could differ from vLLM's. (vLLM answers a finished request's hash from its own
+map. To do so exactly, prefixkv would have to keep, past each request, the content of
+every prefix it named while cached: the prompt of each finished request whose blocks
+stay cached, on every engine, for connectors that may never ask.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
-from weakref import ref
+from typing import Any, Protocol
+from weakref import WeakKeyDictionary, ref
 
 from prefixkv.errors import RequestError
 from prefixkv.groups.spec import FULL
@@ -33,26 +41,48 @@ from .requests import core_tokens, extra_keys_of
 
 __all__ = ["CachedBlocks", "HashLookups", "HashedPrefixes", "lookups_for"]
 
-Find = Callable[[Sequence[int], int, Any], Sequence[int | None]]
-"""The manager's question: per group, the prefixkv block id holding the first ``n``
-tokens of ``tokens`` (with extra keys ``extra``), or None."""
+class Probe(Protocol):
+    """A prompt encoded once, asked about its prefixes (``KVCacheManager.block_probe``,
+    ``HybridKVCacheManager.prefix_probe``)."""
+
+    def ids(self, num_tokens: int) -> Sequence[int | None]:
+        """Per group, the prefixkv block id holding the prompt's first ``num_tokens``
+        tokens (its primary), or None."""
+
+    def copies(self, num_tokens: int, g: int) -> Sequence[int]:
+        """Every block id of group ``g`` holding them: the primary, then its held
+        spares."""
+
+
+ProbeOf = Callable[[Sequence[int], Any], Probe]
+"""The manager's probe of ``tokens`` (with extra keys ``extra``)."""
 
 
 class HashedPrefixes:
     """vLLM block hash -> (the live request whose ``block_hashes`` hold it, the tokens
-    of the prefix it names), from the requests ``prompts`` noted."""
+    of the prefix it names), from the requests ``prompts`` noted.
+
+    A hash not in the map makes a scan of the requests: each one's hashes from where the
+    last scan left it (a request's hashes only grow, but where its tokens were cut: a
+    chain hash, so its last one scanned then differs now), so a hash of no live request
+    (a finished one's, which a connector may still ask) costs one look at each live
+    request, not at each of their hashes. The map is made anew after a cut, when a hash
+    it holds names no prefix now (its request gone or cut: another may hold it), and
+    when it holds twice the live requests' hashes."""
 
     def __init__(self, prompts: PreparedPrompts, hash_block_size: int) -> None:
         self._prompts = prompts
         self.hash_block_size = self._h = hash_block_size
         self._found: dict[bytes, tuple[ref[Any], int]] = {}
+        # a request -> how many of its hashes the map holds, and the last of them
+        self._scanned: WeakKeyDictionary[Any, tuple[int, bytes | None]] = WeakKeyDictionary()
 
     def prefix(self, block_hash: bytes) -> tuple[Any, int] | None:
         """The request and token count of the prefix ``block_hash`` names, None when no
         live noted request holds it."""
         found = self._named(block_hash)
-        if found is None:
-            self._found = self._scan()
+        if found is None:  # (an entry that no longer holds: another live request may)
+            self._scan(block_hash in self._found)
             found = self._named(block_hash)
         return found
 
@@ -67,15 +97,29 @@ class HashedPrefixes:
         # (still so: a request's tokens may be cut, its hashes with them)
         return (r, n) if j < len(hashes) and hashes[j] == block_hash and n <= r.num_tokens else None
 
-    def _scan(self) -> dict[bytes, tuple[ref[Any], int]]:
-        found: dict[bytes, tuple[ref[Any], int]] = {}
-        h = self._h
+    def _scan(self, anew: bool) -> None:
+        h, scanned = self._h, self._scanned
+        todo: list[tuple[Any, int, int]] = []
+        live = 0
         for r in self._prompts.requests():
-            at, n = ref(r), r.num_tokens
-            for j, x in enumerate(r.block_hashes):
-                if (j + 1) * h <= n:
-                    found.setdefault(x, (at, j))
-        return found
+            hashes = r.block_hashes
+            m = min(len(hashes), r.num_tokens // h)  # (a hash's prefix within the tokens)
+            live += m
+            k, last = scanned.get(r, (0, None))
+            if k > m or (k and hashes[k - 1] != last):
+                anew = True  # (its tokens were cut: hashes the map holds may be gone)
+            todo.append((r, k, m))
+        if anew or len(self._found) > 2 * live + 64:  # (or the map holds many gone requests')
+            self._found.clear()
+            scanned.clear()
+            todo = [(r, 0, m) for r, _, m in todo]
+        found = self._found
+        for r, k, m in todo:
+            if k < m:
+                at, hashes = ref(r), r.block_hashes
+                for j in range(k, m):
+                    found[hashes[j]] = (at, j)
+                scanned[r] = (m, hashes[m - 1])
 
 
 class CachedBlocks:
@@ -98,11 +142,12 @@ class CachedBlocks:
         return None if blocks is None else blocks[0]
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        """Whether ``key`` maps to the block ``block_id``: its primary holder (a spare
-        holding the same prefix is not listed: prefixkv finds the primary, as vLLM
-        finds the copy it cached first)."""
-        block = self.get_one_block(key)
-        return block is not None and block.block_id == block_id
+        """Whether ``key`` maps to the block ``block_id``: vLLM keeps every copy of a
+        prefix under its key, so the primary holder or a held spare (a spare emptied
+        when its request freed it holds nothing here, where vLLM keeps it cached until
+        evicted: docs/groups.md)."""
+        block_hash, group = _split(key)
+        return block_id in self._lookups.copies(block_hash, group)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # (copy, pickle, hasattr of protocols: the usual answer)
@@ -125,10 +170,13 @@ class HashLookups:
     groups whose partial tail entries (vLLM's ``cache_partial_block``) prefixkv does not
     keep (groups/tails.py: only with events on)."""
 
-    def __init__(self, prefixes: HashedPrefixes, find: Find, table: Sequence[Any], offset: int,
+    def __init__(self, prefixes: HashedPrefixes, probe_of: ProbeOf, table: Sequence[Any], offset: int,
                  count: Callable[[], int] | None, blind: dict[int, int]) -> None:
-        self.prefixes, self._find, self._table, self._offset = prefixes, find, table, offset
+        self.prefixes, self._probe_of, self._table, self._offset = prefixes, probe_of, table, offset
         self._count, self._blind = count, blind
+        # a request -> the block hashes it had when its probe was made, and the probe (its
+        # prompt encoded once: a connector asks every block of a request, every step)
+        self._probes: WeakKeyDictionary[Any, tuple[list[bytes], Probe]] = WeakKeyDictionary()
 
     def count(self) -> int:
         """vLLM's ``len(cached_block_hash_to_block)``: one per prefix cached in a group.
@@ -157,6 +205,26 @@ class HashLookups:
             raise RequestError(f"kv_cache_group_ids must be ints >= 0, got {group_ids!r}")
         if not groups:
             return []
+        probe, n = self._asked(block_hash, groups)
+        ids = probe.ids(n)
+        out = []
+        for g in groups:
+            i = ids[g] if g < len(ids) else None
+            if i is None:
+                return None
+            out.append(self._table[i + self._offset])
+        return out
+
+    def copies(self, block_hash: bytes, g: int) -> list[int]:
+        """The vLLM ids of every block of group ``g`` holding the prefix ``block_hash``
+        names: the one ``get_cached_block`` gives, then its held spares, the oldest
+        first. Raises as ``get_cached_block`` (a valid hash, a group ``g`` >= 0)."""
+        probe, n = self._asked(block_hash, (g,))
+        return [i + self._offset for i in probe.copies(n, g)]
+
+    def _asked(self, block_hash: bytes, groups: Sequence[int]) -> tuple[Probe, int]:
+        """The probe of the request whose prefix ``block_hash`` names, and its tokens;
+        raises UnsupportedByPrefixKV as ``get_cached_block`` says."""
         found = self.prefixes.prefix(block_hash)
         if found is None:
             raise UnsupportedByPrefixKV(
@@ -169,14 +237,18 @@ class HashLookups:
                 raise UnsupportedByPrefixKV(
                     f"block hash {block_hash.hex()} ends inside a block of group {g}: vLLM may keep a "
                     f"partial tail entry there, which prefixkv keeps only with KV events on")
-        ids = self._find(core_tokens(r), n, extra_keys_of(r, self.prefixes.hash_block_size))
-        out = []
-        for g in groups:
-            i = ids[g] if g < len(ids) else None
-            if i is None:
-                return None
-            out.append(self._table[i + self._offset])
-        return out
+        return self._probe(r, n, block_hash), n
+
+    def _probe(self, r: Any, n: int, block_hash: bytes) -> Probe:
+        """``r``'s probe, made anew unless the one kept was made while ``r``'s hash of its
+        first ``n`` tokens was ``block_hash`` (a chain hash: then the prefix it names is the
+        same, whatever ``r``'s tokens did since: cut, grown)."""
+        j = n // self.prefixes.hash_block_size - 1
+        kept = self._probes.get(r)
+        if kept is None or j >= len(kept[0]) or kept[0][j] != block_hash:
+            kept = self._probes[r] = (list(r.block_hashes), self._probe_of(
+                core_tokens(r), extra_keys_of(r, self.prefixes.hash_block_size)))
+        return kept[1]
 
 
 def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequence[Any], offset: int,
@@ -186,13 +258,14 @@ def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequ
     h = layout.sizes.hash_size
     tails = {g: b for g, (spec, b) in enumerate(zip(layout.groups, layout.sizes.sizes, strict=True))
              if spec.kind == FULL and b > h}
-    find: Find
+    probe_of: ProbeOf
     if layout.hybrid:
-        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
-            out: Sequence[int | None] = core.cached_block_ids(tokens, n, extra=extra)
-            return out
+        def probe_of(tokens: Sequence[int], extra: Any) -> Probe:
+            probe: Probe = core.prefix_probe(tokens, extra=extra)
+            return probe
     else:
-        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
-            return (core.cached_block_id(tokens, n, extra=extra),)
+        def probe_of(tokens: Sequence[int], extra: Any) -> Probe:
+            probe: Probe = core.block_probe(tokens, extra=extra)
+            return probe
     count = None if tails else (lambda: int(core.num_cached_blocks))
-    return HashLookups(HashedPrefixes(prompts, h), find, table, offset, count, {} if events else tails)
+    return HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)

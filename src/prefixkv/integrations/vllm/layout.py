@@ -229,14 +229,20 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
     hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
     multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
     > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
-    the drafter may prefill them again), a negative ``watermark``."""
+    the drafter may prefill them again) but on one full-attention group (as vLLM,
+    ConfigError beside EAGLE when a block is shorter: docs/lookahead.md), a negative
+    ``watermark``."""
     if use_eagle:
         eagle_layout(layout)  # (its refusals)
-    if enable_caching and num_prefill_lookahead > 1:
+    if enable_caching and num_prefill_lookahead > 1 and layout.hybrid:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
                                     f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
                                     f"caches the last {num_prefill_lookahead - 1} computed tokens "
-                                    f"late)")
+                                    f"late) but on one full-attention group")
+    drafted = use_eagle or any(layout.eagle_flags)  # (vLLM's eagle_group_ids)
+    if enable_caching and drafted and layout.block_size < num_prefill_lookahead:
+        raise ConfigError(f"multi-module MTP with prefix caching needs block_size "
+                          f"({layout.block_size}) >= num_prefill_lookahead ({num_prefill_lookahead})")
 
     if num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "

@@ -107,6 +107,8 @@ class KVCacheManager(StepCalls):
         # vLLM's scheduler replays this many tokens below a hit (SWA bounded replay: its
         # uncached window is rebuilt), counting them not computed meanwhile (sound_tokens)
         self.replay_tokens = max(s.prefix_replay_tokens for s in layout.specs)
+        # multi-module MTP prefills a step's last tokens again: cached a step late (slots.py)
+        self.reprefill_tokens = max(0, num_prefill_lookahead - 1) if enable_caching else 0
         # the groups whose hits are looked up (vLLM's empty slot for the others), whether
         # one is not, and whether a hit is found otherwise than by every group (slots.lookup)
         self.cached_groups = tuple(g.cached for g in layout.groups)
@@ -253,14 +255,15 @@ class KVCacheManager(StepCalls):
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
-        its finished steps computed; capped at what ``request.all_token_ids`` knows).
+        its finished steps computed, less multi-module MTP's re-prefillable ones; capped at
+        what ``request.all_token_ids`` knows).
         Raises RequestError for a count that is not an int >= 0."""
         if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
             check_count("num_computed_tokens", num_computed_tokens, 0, None)
         key = self._keys.get(request.request_id)
         if key is None or not self.enable_caching:
             return
-        target = min(num_computed_tokens, request.num_tokens)
+        target = min(num_computed_tokens - self.reprefill_tokens, request.num_tokens)
         if target > self.core.num_scheduled_tokens(key):
             noting(self, request, 0, lambda: grow(self, key, request, target, 0))
 

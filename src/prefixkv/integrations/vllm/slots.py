@@ -7,7 +7,8 @@ layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached
 blocks findable); the blocks past them are reserved slots. ``allocate_slots`` makes the
 blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_model_len``)
 and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
-with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
+with ``delay_cache_blocks``; multi-module MTP's last ``m.reprefill_tokens`` a step later,
+as vLLM); ``cache_blocks(request, n)`` caches up to ``n`` later (the
 scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
 from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
 prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
@@ -163,6 +164,8 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     computed = request.num_computed_tokens + hit + external
     slots = min(computed + num_new_tokens + lookahead, m.max_model_len)
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
+    if m.reprefill_tokens:  # (multi-module MTP: its last tokens cached a step late, as vLLM)
+        cache_to = max(hit, cache_to - m.reprefill_tokens)
     scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token, but
     if not num_new_tokens and m._uncached and not external:  # where vLLM adopts a hit alone
         scheduled = 0  # (a chunk ending in the tokens SWA bounded replay recomputes below it)
@@ -218,7 +221,8 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
         # scheduling) still read from where they start, which is before computed
         m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
-    cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
+    cache_to = (request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens) \
+        - m.reprefill_tokens  # (vLLM's num_reprefillable_tokens: cached when final)
     # counted before the rewind below, which a refusal must not make (it uncaches the
     # request's blocks past the count, whose KV may be sound: a landed load whose last
     # token vLLM recomputes, before the recompute); the count is the same either way: the

@@ -1,0 +1,120 @@
+"""vLLM's chunk-end checkpoint blocks in the sized manager (``BlockSizes.checkpoints``,
+with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
+group, aligned to the hash block, with dense retention and no lookahead.
+
+    tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
+    Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
+                                    ^ the state at c = (e - 1) // h * h (here inside 2b .. 3b-1)
+
+A step from ``s`` to ``e`` checkpoints at ``c = (e - 1) // h * h`` when ``s`` is a
+multiple of ``h``, ``s + h <= c`` and entry ``j = cdiv(e, b) - 2`` lies past the one
+holding the step's initial state (``(s - 1) // b``) and is empty (vLLM's
+``is_mamba_prefill_checkpoint_valid`` and ``_needs_internal_checkpoint``): the step takes
+one more block per Mamba group (after a copy on write's, before its end block) and puts
+it at ``j``; the worker writes the state at ``c`` there. The block is recorded under
+its own key when ``c`` ends entry ``j`` (``GroupRequest.states``), else as an entry of
+the prefix up to ``c`` when ``c`` is the prompt's last hash boundary (nobody owns it: no
+copy on write when the producer goes on), else never (a transient checkpoint). A step
+that checkpoints records no partial tail entry (``partial.tail``). The blocks go back
+with the step's others below the next step's start. Checked against vLLM's manager
+through tests/sized_model.py (``checkpoint``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from ..core.block import Block, blocks_for
+
+if TYPE_CHECKING:
+    from .manager import HybridKVCacheManager
+    from .request import GroupRequest
+
+    # request id -> (the step's end, [(group, position c, entry j)]): its last step's checkpoints
+    Steps = dict[Hashable, tuple[int, list[tuple[int, int, int]]]]
+
+
+def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start: int,
+       end: int) -> tuple[int, int] | None:
+    """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
+    whose table is ``table`` (before the step), or None (none, or checkpoints off)."""
+    if not self.sizes.checkpoints:
+        return None
+    h, b = self._hash_size, self._group_sizes[g]
+    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
+    if start % h or start + h > c or j <= (start - 1) // b or j < len(table) and table[j] is not None:
+        return None
+    return c, j
+
+
+def count(self: HybridKVCacheManager, tables: Sequence[Sequence[Block | None]], start: int,
+          end: int) -> list[int]:
+    """The Mamba groups whose step from ``start`` to ``end`` (their tables ``tables``)
+    takes a checkpoint block."""
+    if not self.sizes.checkpoints:
+        return []
+    return [g for g in self._sparse if at(self, g, tables[g], start, end) is not None]
+
+
+def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
+         tables: Sequence[Sequence[Block | None]]) -> list[tuple[int, int, int]]:
+    """The step from ``start`` to ``end`` (the tables as they were before it), which
+    checkpoints: its checkpoints, noted for ``record`` (a step that does not leaves the
+    note of an earlier one, which ``record`` and ``entries`` know by its end); a
+    checkpoint ending its entry holds the state at its end (``GroupRequest.states``)."""
+    steps = self._checkpoints
+    got = []
+    for g in self._sparse:
+        ck = at(self, g, tables[g], start, end)
+        if ck is not None:
+            got.append((g, *ck))
+            if ck[0] == (ck[1] + 1) * self._group_sizes[g]:
+                if req.states is None:
+                    req.states = set()
+                req.states.add((g, ck[1]))
+    if got:
+        if steps is None:
+            steps = self._checkpoints = {}
+        steps[req.request_id] = (end, got)
+    elif steps:
+        steps.pop(req.request_id, None)
+    return got
+
+
+def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
+    """After the step ending at ``req.num_scheduled`` recorded its blocks: a checkpoint
+    at the prompt's last hash boundary inside its entry's successor is recorded as an
+    entry of the prefix up to it. Whether the step checkpointed (then no partial tail)."""
+    steps = self._checkpoints
+    got = steps.get(req.request_id) if steps else None
+    if got is None or got[0] != req.num_scheduled:
+        return False
+    h, tail = self._hash_size, (req.num_prompt - 1) // self._hash_size * self._hash_size
+    for g, c, j in got[1]:
+        b = self._group_sizes[g]
+        x = req.tables[g][j]
+        if c % b == 0 or c != tail or x is None:
+            continue
+        node = req.nodes[c // h - 1]
+        if node.lost or self._index.nodes[x.block_id] is node:
+            continue
+        self._index.store(g, [x], [node], j, req.tokens, [None], b, b // h)
+    return True
+
+
+def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int]]:
+    """The (group, entry) of the request's last step's checkpoints that ``record``
+    records as the prompt's last hash boundary (held until its next step releases them)."""
+    steps = self._checkpoints
+    got = steps.get(req.request_id) if steps else None
+    if got is None or got[0] != req.num_scheduled:
+        return set()
+    tail = (req.num_prompt - 1) // self._hash_size * self._hash_size
+    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and c == tail}
+
+
+def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:
+    """The request leaves."""
+    if self._checkpoints:
+        self._checkpoints.pop(request_id, None)

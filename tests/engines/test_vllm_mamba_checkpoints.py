@@ -1,0 +1,128 @@
+"""tests/sized_model.py's chunk-end checkpoints (``checkpoint``: vLLM's
+``num_prefill_checkpoint_blocks``) driven beside vLLM 0.33's own ``KVCacheManager`` with
+Mamba checkpoint blocks, on random streams (tests/engines/test_vllm_sized_model.py's
+``Pair``): after every call the same tables, free queue, whole-block keys, hits and
+copies. Chunks are cut by vLLM's scheduler itself (``Scheduler._mamba_block_aligned_split``
+on the layout's settings), which ends a prompt's last chunk past a Mamba block's end when
+the worker checkpoints inside it. Needs vllm installed."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from functools import reduce
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sized_model import SizedModel
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_reference import _request, _spec  # noqa: E402
+from .test_vllm_plugin import config  # noqa: E402
+from .test_vllm_sized_model import OP, PARTIAL, PROMPT, Pair, _drive, _pool  # noqa: E402
+
+
+def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int) -> Any:
+    """vLLM's manager over ``groups``, every Mamba group with one checkpoint block
+    aligned to the hash block."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    specs = [replace(_spec(b, w), num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=hash_size)
+             if w == "mamba" else _spec(b, w) for b, w in groups]
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=lcm,
+                          hash_block_size=hash_size, enable_kv_cache_events=True)
+
+
+def scheduler_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
+    """``n`` tokens from ``start`` (of ``total``, a prompt of ``prompt``) as vLLM's
+    scheduler cuts them with Mamba blocks of ``step`` at hash block ``h``, checkpoint
+    blocks on (its own ``_mamba_block_aligned_split``, asked with these settings)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    sched = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
+        use_eagle_block_drop=False, num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True,
+        mamba_prefill_checkpoint_alignment=h, mamba_shared_prefix_checkpoint=False,
+        max_num_scheduled_tokens=8192, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+    req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=total,
+                          shared_prefix_boundary=0)
+    return Scheduler._mamba_block_aligned_split(sched, req, n)  # type: ignore[arg-type]
+
+
+class CheckpointPair(Pair):
+    """``Pair`` with partial hits and one checkpoint block per Mamba group on both sides."""
+
+    def __init__(self, groups: Any, num_blocks: int) -> None:
+        super().__init__(groups, num_blocks, partial=True)
+        self.v = checkpoint_vllm(groups, self.h, num_blocks)
+        self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True, checkpoint=True)
+
+    def _chunk(self, start: int, n: int, total: int, prompt: int = 0) -> int:
+        """vLLM's scheduler's chunk, but one starting inside a Mamba block ends at its end:
+        a checkpointing chunk runs past it, and vLLM then caches the block (holding the
+        state at ``start``) as the state at its end, which prefixkv never does
+        (``test_a_chunk_past_a_block_end_caches_it_on_vllm_only``)."""
+        step = reduce(math.lcm, self.mamba)
+        n = max(1, scheduler_chunk(step, self.h, start, n, total, prompt))
+        return min(n, step - start % step) if start % step else n
+
+
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=60, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_reference_checkpoints_as_vllms_manager(layout, extra, ops, probe):
+    groups = PARTIAL[layout]
+    _drive(CheckpointPair(groups, _pool(groups, extra)), ops, probe)
+
+
+def test_a_chunk_past_a_block_end_caches_it_on_vllm_only():
+    # full8+mamba16 (hash 8): a's 30 tokens checkpoint at 24 (block 5, entry 0 of its
+    # Mamba table, keyed at 24). b hits it (24 tokens, copied on write into block 9) and
+    # computes 30 more in one chunk, as vLLM's scheduler cuts it (it checkpoints at 48,
+    # block 10): the chunk runs past 32, and vLLM caches b's copy, entry 1, as the state
+    # at 32; the worker never writes it (it holds the state at 24). The reference does not.
+    pair = CheckpointPair(((8, None), (16, "mamba")), 40)
+    a, b = list(range(30)), list(range(24)) + [99] * 30
+    pair.do("add", a, None)
+    pair.do("free", 0, 0)
+    assert scheduler_chunk(16, 8, 24, 30, 54, 54) == 30
+    r = _request("b", b, 8)
+    blocks, hit, *_ = pair.v.get_computed_blocks(r)
+    assert hit == 24 and pair.model.add("b", b, None, 30) == 24
+    assert pair.v.allocate_slots(r, 30, hit, blocks) is not None
+    assert [list(ids) for ids in pair.v.get_block_ids("b")] == pair.model.reqs["b"].tables
+    assert pair.model.reqs["b"].tables[1] == [0, 9, 10, 11] and pair.model.take_copies() == [(5, 9)]
+    cached = {blk.block_id: blk.block_hash_num_tokens for blk in pair.v.block_pool.blocks
+              if blk.block_hash is not None and blk.block_id in (9, 10)}
+    assert cached == {9: 32, 10: 48}  # (vLLM: the copy as the state at 32, the checkpoint at 48)
+    assert [(len(k[2]), v) for k, v in pair.model.holders.items() if k[0] == 1] == [(24, [5]), (48, [10])]
+
+
+def test_an_intermediate_chunk_checkpoint_is_never_cached():
+    # full8+mamba16 (hash 8), a prompt of 60: vLLM's scheduler cuts a first chunk of 40
+    # at 32 (a Mamba block's end); it checkpoints at 24 into entry 0 (block 5), which is
+    # neither the prompt's last boundary (56) nor an entry's end: cached by neither.
+    pair = CheckpointPair(((8, None), (16, "mamba")), 40)
+    a = list(range(60))
+    pair.do("add", a, 40)
+    pair.note_events()
+    pair.compare(a)
+    assert pair.model.reqs["r1"].tables == [[1, 2, 3, 4], [5, 6]]
+    assert pair.model.reqs["r1"].checkpoints == {1: (24, 0)}
+    pool = pair.v.block_pool
+    cached = {b.block_id: b.block_hash_num_tokens for b in pool.blocks if b.block_hash is not None}
+    assert cached == {1: 8, 2: 16, 3: 24, 4: 32, 6: 32}
