@@ -80,6 +80,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "num_scheduled_tokens": (("live",), {}),
     "shared_prefixes": ((["live", "chunked"],), {}),
     "uncache_blocks": (([0, 1],), {}),
+    "ref_cnt": ((1,), {}),
     "num_blocks_to_allocate": (("live", 16), {}),
     "num_blocks_released": (("live",), {}),
     "release_unread": (("live",), {}),

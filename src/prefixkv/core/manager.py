@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError
+from ..errors import ConfigError, RequestError, check_count
 from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
@@ -275,4 +275,9 @@ class KVCacheManager:
     def free_block_order(self) -> list[int]:
         """Free block ids in the order they will be reused (empty ones, then LRU)."""
         return self._pool.free_order()
+
+    def ref_cnt(self, block_id: int) -> int:
+        """How many live requests hold block ``block_id`` (RequestError for an id that
+        is not one of this pool's)."""
+        return self._pool.blocks[check_count("block id", block_id, 0, self.num_blocks - 1)].ref_cnt
 

@@ -239,6 +239,11 @@ class HybridKVCacheManager:
         """Free block ids in the order they will be reused (empty ones, then LRU)."""
         return self._pool.free_order()
 
+    def ref_cnt(self, block_id: int) -> int:
+        """How many live requests hold block ``block_id`` (RequestError for an id that
+        is not one of this pool's)."""
+        return self._pool.blocks[check_count("block id", block_id, 0, self.num_blocks - 1)].ref_cnt
+
     @property
     def stats(self) -> PrefixCacheStats:
         """Cumulative prefix-cache statistics (a hit counts the tokens every group served)."""

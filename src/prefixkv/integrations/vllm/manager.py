@@ -129,7 +129,7 @@ class KVCacheManager(StepCalls):
                                        peek=self.eagle_groups)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
-        self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
+        self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset, self.core.ref_cnt)
         zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (the blocks to zero)
         self._zeroes: Zeroing | None = zeroing if zeroing.active else None
         self._plain = not self._mamba.groups and self._zeroes is None  # (allocate_slots)

@@ -5,9 +5,9 @@ Block ids are vLLM's: block 0 is the null block (``is_null``, never handed to a
 request), ``1 .. num_blocks - 1`` are the blocks requests get. prefixkv's pool holds
 those (``offset`` maps: vLLM id = prefixkv id + offset; 0 when prefixkv's hybrid manager
 keeps its own null block at 0, 1 otherwise). One ``KVCacheBlock`` per id is made once
-and handed out in every result; it carries ``block_id`` and ``is_null`` only: reference
-counts, hashes and the free queue live in prefixkv, not in these objects (a caller that
-reads ``ref_cnt`` or ``block_hash`` of them sees 0 and None).
+and handed out in every result: a ``PoolBlock`` (block_objects.py) whose ``ref_cnt`` reads
+prefixkv's count when asked; hashes and the free queue live in prefixkv, not in these
+objects (a caller that reads ``block_hash`` of them sees None).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from prefixkv.errors import RequestError, check_count
 
 from .block_hashes import CachedBlocks, HashLookups
+from .block_objects import PoolBlock, RefCount
 from .layout import UnsupportedByPrefixKV
 
 __all__ = ["BlockPoolView", "Blocks"]
@@ -31,12 +32,18 @@ Ids = Sequence[Sequence[int]]
 class Blocks:
     """The ``KVCacheBlock`` of every vLLM block id, and ``KVCacheBlocks`` built of them."""
 
-    def __init__(self, num_blocks: int, num_groups: int, offset: int) -> None:
-        self.offset = offset
-        self.table = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.table[0].is_null = True
+    def __init__(self, num_blocks: int, num_groups: int, offset: int, refs: RefCount) -> None:
+        self.offset, self._refs = offset, refs
+        self.table: list[KVCacheBlock] = [self.fresh(i) for i in range(num_blocks)]
         self.null_block = self.table[0]
         self.empty = KVCacheBlocks(tuple(() for _ in range(num_groups)))
+
+    def fresh(self, block_id: int) -> KVCacheBlock:
+        """A new object for vLLM block id ``block_id``: vLLM's null block (0, ``is_null``,
+        count 0), else a ``PoolBlock`` reading prefixkv's count of it."""
+        if not block_id:
+            return KVCacheBlock(0, is_null=True)
+        return PoolBlock(block_id, self._refs, block_id - self.offset)
 
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when

@@ -78,7 +78,7 @@ def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
     if key is None:
         return []
     uncache_set_back(m, key, request)
-    blocks = [KVCacheBlock(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
+    blocks = [m._blocks.fresh(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
     m._popped.hand_out(key, blocks)
     return blocks
 
