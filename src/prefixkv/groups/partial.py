@@ -201,11 +201,6 @@ def release_copies(self: HybridKVCacheManager, copies: Sequence[GroupBlockCopy])
                        + [b for b in reversed(going) if b.key is None])
 
 
-def retained(self: HybridKVCacheManager) -> list[Block]:
-    """The blocks queued copies still hold (one reference each end)."""
-    return [self._pool.blocks[i] for c in self._held_copies or () for i in (c.src, c.dst)]
-
-
 def _queue(self: HybridKVCacheManager, g: int, source: Block, copy: Block) -> None:
     op = GroupBlockCopy(source.block_id, copy.block_id, group_idx=g)
     self._kv_ops.append(op)
