@@ -100,7 +100,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   writes the state at ``c``. It is cached as the state at ``c``: its own key when
   ``c`` ends entry ``j``; else, when ``c`` is the prompt's last hash boundary, as an
   entry of the prefix up to ``c`` (owned by nobody: no copy on write when the producer
-  goes on; the step records no partial tail entry then); else never (a transient
+  goes on; the step records no partial tail entry then; with ``twins``, a spare of the
+  block already holding that prefix, if one does); else never (a transient
   checkpoint, released with the step's other blocks below the next one's start).
 """
 
