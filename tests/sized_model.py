@@ -106,7 +106,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   writes the state at ``c``. It is cached as the state at ``c``: its own key when
   ``c`` ends entry ``j``; else, when ``c`` is the prompt's last hash boundary, as an
   entry of the prefix up to ``c`` (owned by nobody: no copy on write when the producer
-  goes on; the step records no partial tail entry then); else never (a transient
+  goes on; the step records no partial tail entry then; with ``twins``, a spare of the
+  block already holding that prefix, if one does); else never (a transient
   checkpoint, released with the step's other blocks below the next one's start).
 """
 
@@ -340,6 +341,13 @@ class SizedModel:
         self.holders[key].append(x)
         self.keys[x].append(key)
 
+    def _store(self, x, key):
+        """``x`` caches ``key``: a spare of its holder (``twins``), else one more holder."""
+        if key in self.holders and self.twins:
+            self.spares.setdefault(key, []).append(x)
+        else:
+            self._hold(x, key)
+
     def _touch(self, blocks):
         for x in blocks:
             if not self.refs[x]:
@@ -517,9 +525,9 @@ class SizedModel:
         if c % self.groups[g][0] == 0 or c != (r.prompt - 1) // self.h * self.h:
             return
         x, key = r.tables[g][j], (g, r.extra, tuple(r.tokens[:c]))
-        if key not in self.keys[x]:
+        if key not in self.keys[x] and x not in self.spares.get(key, ()):
             self._unkey(x)
-            self._hold(x, key)
+            self._store(x, key)
 
     def _partial_tail(self, r, g, computed):
         """A step that ended at the prompt's last hash boundary inside a Mamba block
@@ -532,10 +540,7 @@ class SizedModel:
             return
         if self.keys[x] and len(self.keys[x][0][2]) < end:
             self._unkey(x)
-        if key in self.holders and self.twins:
-            self.spares.setdefault(key, []).append(x)
-        else:
-            self._hold(x, key)
+        self._store(x, key)
         r.cow[g], r.cached[g] = (cdiv(end, b) - 1, x, True), cdiv(end, b) - 1
 
     def _full_tail(self, r, g, computed):
