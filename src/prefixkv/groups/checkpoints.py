@@ -99,7 +99,9 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
         node = req.nodes[c // h - 1]
         if node.lost or self._index.nodes[x.block_id] is node:
             continue
-        self._index.store(g, [x], [node], j, req.tokens, [None], b, b // h)
+        # (announced as vLLM's ``cache_partial_block`` does: one hash block, the last)
+        i = c // h - 1
+        self._index.store(g, [x], [node], i, req.tokens, [req.keys.for_event(i, h)], h)
     return True
 
 
