@@ -31,6 +31,7 @@ from prefixkv.errors import RequestError, check_count
 from . import queries
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
+from .growth import grow
 from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
@@ -39,7 +40,7 @@ from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
 from .retention import read_retention
-from .slots import allocate, grow, lookup
+from .slots import allocate, lookup
 from .step_calls import CowCopies, StepCalls
 from .telemetry import Telemetry
 from .zeroing import Zeroing
