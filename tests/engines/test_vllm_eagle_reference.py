@@ -1,6 +1,6 @@
 """EAGLE's shortened hits (``use_eagle``) beside vLLM 0.33's own manager: the request
 stream of test_vllm_reference.py on both, with ``use_eagle=True``, on the layouts the
-plug-in offers EAGLE on (``layout.eagle_layout``): one full-attention group (the hit
+plug-in offers EAGLE on (``options.eagle_layout``): one full-attention group (the hit
 drops its last block), one sliding-window group, and full attention beside a window
 (each group matches one block past the hit: ``peek``). Hits, tables, null entries and
 free counts must agree after every call. Needs vllm installed."""

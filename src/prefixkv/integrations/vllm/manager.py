@@ -32,8 +32,9 @@ from . import queries
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
-from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
+from .layout import UnsupportedByPrefixKV, build_core, read_layout
 from .mamba import StepCache, check_call, junction, noting
+from .options import check_options, eagle_layout
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -100,7 +101,7 @@ class KVCacheManager(StepCalls):
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
         self.hands_off_events = False
         self.use_eagle = use_eagle  # (a hit drops its last block: slots.eagle_hit)
-        # the groups that match one block past an EAGLE hit (layout.eagle_layout)
+        # the groups that match one block past an EAGLE hit (options.eagle_layout)
         self.eagle_groups = eagle_layout(layout) if use_eagle else ()
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector

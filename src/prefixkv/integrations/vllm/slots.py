@@ -54,7 +54,7 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, layout.eagle_layout)
+    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, options.eagle_layout)
         ids = (eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length) if m.use_eagle
                else uncached_hit(m, prompt, extra, max_cache_hit_length))
     else:
@@ -86,7 +86,7 @@ def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
 
 def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
               num_tokens: int, cap: int | None) -> tuple[tuple[int, ...], ...]:
-    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``layout.eagle_layout``
+    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``options.eagle_layout``
     says where): a group matches one block past the hit and drops it. With one group
     (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
     default): one full-attention group drops the last block of its hit; with several,
