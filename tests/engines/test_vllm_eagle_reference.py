@@ -72,7 +72,7 @@ def test_with_eagle_they_agree_on_hits_and_tables(layout, extra_blocks, ops):
                 s.m.new_step_starts()
         # no connector loads: on a hybrid layout, a load of a whole prompt that lands
         # (vLLM recomputes its last token) and whose next allocate_slots is refused leaves
-        # prefixkv's last block uncached (slots.grow_live rewinds before it counts), where
+        # prefixkv's last block uncached (growth.grow_live rewinds before it counts), where
         # vLLM's stays cached: estimate_cached_tokens 12 against 16, with or without EAGLE
         op = "admit" if op == "remote" else op
         _step(sides, op, slot, k, prompt, more, serial)

@@ -1,7 +1,7 @@
 """The growth of a live request ``manager.KVCacheManager`` holds (``allocate_slots`` for a
 request holding blocks, ``cache_blocks``), over prefixkv's manager: its windows moved,
 vLLM's set-back counts rewound (``rewind``), its blocks cached up to what vLLM computed
-and reserved up to its slots (``grow``). The hit and admission: slots.py, whose
+and reserved up to its slots (``grow``). The hit: hits.py; admission: slots.py, whose
 ``allocate`` checks the arguments and calls ``grow_live``.
 
 In vLLM's layout (``| hit | external | new | lookahead |``, slots.py) a live request's

@@ -1,6 +1,6 @@
-"""The slots ``manager.KVCacheManager`` gives a request, over prefixkv's manager: the hit
-it may reuse (``get_computed_blocks``) and admission of a new request (``allocate_slots``);
-the growth of a live one (``allocate_slots``, ``cache_blocks``) is growth.py's.
+"""The slots ``manager.KVCacheManager`` gives a request, over prefixkv's manager:
+admission of a new request with the hit it reuses (``allocate_slots``; the hit is found
+by hits.py); the growth of a live one (``allocate_slots``, ``cache_blocks``) is growth.py's.
 
 How vLLM's calls map (``| hit | external | new | lookahead |`` = vLLM's allocate_slots
 layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached (their
@@ -12,8 +12,8 @@ as vLLM); ``cache_blocks(request, n)`` caches up to ``n`` later (the
 scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
 from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
 prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
-describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
-found and verified by content, so ``request.block_hashes`` is not read.
+describes the request exactly, else as those ids (``admission_prompt``, which the
+lookup of a hit reads too: hits.py).
 
 Functions of the manager ``m``, whose methods state their contracts; they read and
 change its request map, block table and telemetry, and hold no state of their own.
@@ -39,40 +39,9 @@ from .requests import core_tokens, extra_keys_of
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "lookup", "uncached_hit", "uncached_new"]
+__all__ = ["admission_prompt", "admit", "allocate", "uncached_new"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-
-
-def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
-           ) -> tuple[KVCacheBlocks, int]:
-    """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
-    blocks per group and tokens, noted to the metrics collector; none when the request
-    does not read the cache. The hit is the longest within ``max_cache_hit_length``
-    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``);
-    beside an uncached window (SWA bounded replay), the other groups' (``uncached_hit``)."""
-    if not m.prefix_cache_lookup_enabled(request):
-        return m.empty_kv_cache_blocks, 0
-    prompt, extra = admission_prompt(m, request)
-    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, options.eagle_layout)
-        ids = (eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length) if m.use_eagle
-               else uncached_hit(m, prompt, extra, max_cache_hit_length))
-    else:
-        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
-        ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    g = m.hit_group
-    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
-    if n:
-        m._telemetry.on_accessed(blocks)
-    return blocks, n
-
-
-def uncached_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
-                 cap: int | None) -> tuple[tuple[int, ...], ...]:
-    """``lookup``'s hit blocks per group beside an uncached window (vLLM's SWA bounded
-    replay, never looked up): the other groups', and none for the window, as vLLM's."""
-    hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
-    return tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
 
 
 def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
@@ -82,25 +51,6 @@ def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
     null = m.core.null_block_id
     return tuple(ids if c else tuple(i for i in t if i != null)
                  for ids, t, c in zip(new, tables, m.cached_groups, strict=True))
-
-
-def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
-              num_tokens: int, cap: int | None) -> tuple[tuple[int, ...], ...]:
-    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``options.eagle_layout``
-    says where): a group matches one block past the hit and drops it. With one group
-    (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
-    default): one full-attention group drops the last block of its hit; with several,
-    the hit is within the cap and the block after it may be the prompt's last full one
-    (``peek``, in ``m.eagle_groups``)."""
-    if not m._hybrid:
-        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
-        return (hit[:-1],)
-    if m.num_kv_cache_groups == 1:
-        bs = m.block_size
-        cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
-    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,
-                                                               peek=m.eagle_groups)
-    return out
 
 
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
