@@ -1,6 +1,6 @@
 """EAGLE's shortened hits (``use_eagle``) beside vLLM 0.33's own manager: the request
 stream of test_vllm_reference.py on both, with ``use_eagle=True``, on the layouts the
-plug-in offers EAGLE on (``layout.eagle_layout``): one full-attention group (the hit
+plug-in offers EAGLE on (``options.eagle_layout``): one full-attention group (the hit
 drops its last block), one sliding-window group, and full attention beside a window
 (each group matches one block past the hit: ``peek``). Hits, tables, null entries and
 free counts must agree after every call. Needs vllm installed."""
@@ -72,7 +72,7 @@ def test_with_eagle_they_agree_on_hits_and_tables(layout, extra_blocks, ops):
                 s.m.new_step_starts()
         # no connector loads: on a hybrid layout, a load of a whole prompt that lands
         # (vLLM recomputes its last token) and whose next allocate_slots is refused leaves
-        # prefixkv's last block uncached (slots.grow_live rewinds before it counts), where
+        # prefixkv's last block uncached (growth.grow_live rewinds before it counts), where
         # vLLM's stays cached: estimate_cached_tokens 12 against 16, with or without EAGLE
         op = "admit" if op == "remote" else op
         _step(sides, op, slot, k, prompt, more, serial)

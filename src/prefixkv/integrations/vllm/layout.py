@@ -5,8 +5,8 @@ is vLLM's null block) and one ``KVCacheGroupSpec`` per group of layers that shar
 block table. ``read_layout`` maps each group's spec to a ``prefixkv.groups.GroupSpec``
 (full attention, MLA included; sliding window; chunked local attention; Mamba in
 ``align`` mode) and refuses,
-before anything is built, whatever prefixkv does not offer, naming it;
-``check_options`` does so for the manager's other arguments.
+before anything is built, whatever prefixkv does not offer, naming it (the manager's
+other arguments: options.py); ``build_core`` builds the prefixkv manager a layout runs on.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from prefixkv.groups import (
     sliding_window,
 )
 
-__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "eagle_layout",
-           "read_layout"]
+__all__ = ["FULL_SPECS", "VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "read_layout"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release this integration is written against and tested with (pinned)."""
@@ -70,9 +69,10 @@ class Layout:
         return len(self.groups) > 1 or self.groups[0] != full_attention()
 
 
-# Specs by exact type: a subclass may change what a block holds (vLLM's RSWASpec,
-# SinkFullAttentionSpec, HiddenStateCacheSpec, SlidingWindowMLASpec are subclasses).
-_FULL = (FullAttentionSpec, MLAAttentionSpec)
+FULL_SPECS = (FullAttentionSpec, MLAAttentionSpec)
+"""vLLM's full-attention specs, matched by exact type: a subclass may change what a block
+holds (vLLM's RSWASpec, SinkFullAttentionSpec, HiddenStateCacheSpec, SlidingWindowMLASpec
+are subclasses)."""
 
 
 _HISPARSE = ("vLLM 0.33 runs it in its own managers' insides (a HiSparseCoordinator over its "
@@ -83,7 +83,7 @@ _HISPARSE = ("vLLM 0.33 runs it in its own managers' insides (a HiSparseCoordina
 
 def _group_of(spec: Any) -> GroupSpec:
     kind = type(spec)
-    if kind in _FULL:
+    if kind in FULL_SPECS:
         return full_attention()
     if kind is SlidingWindowSpec or kind is SlidingWindowMLASpec:
         # ``extra_retained_tokens`` (multi-module speculative decoding): vLLM keeps that
@@ -209,7 +209,7 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     if not partial_hash_hits_enabled(groups, hashes, 1, managers):
         return False
     mamba = {g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec}
-    rest = {(type(g.kv_cache_spec) in _FULL, g.kv_cache_spec.block_size)
+    rest = {(type(g.kv_cache_spec) in FULL_SPECS, g.kv_cache_spec.block_size)
             for g in groups if type(g.kv_cache_spec) is not MambaSpec}
     if len(mamba) != 1 or rest != {(True, hashes)}:
         raise UnsupportedByPrefixKV(
@@ -221,66 +221,6 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     return True
 
 
-def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
-                  watermark: float, num_prefill_lookahead: int = 0, enable_caching: bool = True) -> None:
-    """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
-    EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
-    groups of at most two specs, full attention one of them when two (vLLM's one-pass
-    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
-    multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
-    > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
-    the drafter may prefill them again) but on one full-attention group (as vLLM,
-    ConfigError beside EAGLE when a block is shorter: docs/lookahead.md), a negative
-    ``watermark``."""
-    if use_eagle:
-        eagle_layout(layout)  # (its refusals)
-    if enable_caching and num_prefill_lookahead > 1 and layout.hybrid:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
-                                    f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
-                                    f"caches the last {num_prefill_lookahead - 1} computed tokens "
-                                    f"late) but on one full-attention group")
-    drafted = use_eagle or any(layout.eagle_flags)  # (vLLM's eagle_group_ids)
-    if enable_caching and drafted and layout.block_size < num_prefill_lookahead:
-        raise ConfigError(f"multi-module MTP with prefix caching needs block_size "
-                          f"({layout.block_size}) >= num_prefill_lookahead ({num_prefill_lookahead})")
-
-    if num_hash_lookahead_tokens:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
-                                    f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
-    if watermark < 0:
-        raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
-
-
-def eagle_layout(layout: Layout) -> tuple[bool, ...]:
-    """The groups that match one block past an EAGLE hit (vLLM 0.33: the groups flagged
-    ``is_eagle_group``, its draft model's, and those of the same spec; every group when
-    none is flagged). Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's
-    shortened hits on ``layout`` as vLLM does: every group full attention or sliding
-    window (vLLM's chunked local attention refuses EAGLE; beside Mamba, vLLM moves
-    Mamba's checkpoints to EAGLE's replay boundary), and at most two distinct specs, one
-    of them full attention when two (vLLM's hit is then one pass; with more it applies
-    the dropped block once per candidate, and a group that already dropped it is checked
-    again without: ``kv_cache_coordinator``)."""
-    kinds = {g.kind for g in layout.groups}
-    if not all(g.cached for g in layout.groups):
-        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
-                                    "beside SWA bounded replay (an uncached window)")
-    if not kinds <= {"full_attention", "sliding_window"}:
-        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
-                                    f"full-attention and sliding-window groups only, got {sorted(kinds)}")
-    distinct: list[Any] = []
-    for spec in layout.specs:
-        if spec not in distinct:
-            distinct.append(spec)
-    if len(distinct) > 2 or (len(distinct) == 2 and not any(type(s) in _FULL for s in distinct)):
-        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside "
-                                    f"one other group spec at most, a full-attention one of the "
-                                    f"two, got {len(distinct)} specs")
-    flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
-    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
-                 for spec in layout.specs)
-
-
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
                peek: tuple[bool, ...] = ()) -> tuple[Any, int]:
     """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
@@ -289,7 +229,7 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     block with its own null block at 0 when a group releases blocks (offset 0), else
     over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
     only: the hybrid manager takes no such switch. ``peek``: EAGLE's groups
-    (``eagle_layout``; none without EAGLE), which with different block sizes cache the
+    (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
     block after each aligned end too (``BlockSizes.peek``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)

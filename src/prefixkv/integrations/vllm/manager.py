@@ -4,9 +4,11 @@ Built from the arguments vLLM's ``KVCacheManager.__init__`` takes. One full-atte
 group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local groups on
 ``prefixkv.groups.HybridKVCacheManager`` (``layout.read_layout`` refuses the rest).
 
-How ``get_computed_blocks``, ``allocate_slots`` and ``cache_blocks`` map vLLM's token
-layout onto prefixkv, and where admission takes a request's tokens from: slots.py (the
-hit, admission and growth); freeing, released and evicted blocks: release.py; the
+The arguments read into a layout and settings: settings.py (layout.py, options.py,
+retention.py); the hit (``get_computed_blocks`` and its kin, listed by the class):
+hits.py; how ``allocate_slots`` and ``cache_blocks`` map vLLM's token layout onto
+prefixkv: slots.py (admission, and where it takes a request's tokens from) and growth.py
+(a live request's growth); freeing, released and evicted blocks: release.py; the
 read-only calls on a request's blocks (their ids, their cached tokens): queries.py; the
 calls made once a step (its start, stats, events, Mamba's no-ops): step_calls.py; the
 prefixkv manager a layout runs on: ``layout.build_core``.
@@ -28,18 +30,18 @@ from vllm.v1.request import Request
 
 from prefixkv.errors import RequestError, check_count
 
-from . import queries
+from . import hits, queries
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
-from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
-from .mamba import StepCache, check_call, junction, noting
+from .growth import grow
+from .layout import UnsupportedByPrefixKV, build_core
+from .mamba import StepCache, check_call, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
-from .requests import reads_cache
-from .retention import read_retention
-from .slots import allocate, grow, lookup
+from .settings import read_settings
+from .slots import allocate
 from .step_calls import CowCopies, StepCalls
 from .telemetry import Telemetry
 from .zeroing import Zeroing
@@ -70,57 +72,41 @@ class KVCacheManager(StepCalls):
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
                  watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
-        layout = read_layout(kv_cache_config, scheduler_block_size=scheduler_block_size,
-                             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
-                             pcp_world_size=pcp_world_size)
-        check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-                      watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
-                      enable_caching=enable_caching)
-        # vLLM's prefix_cache_retention_interval, checked; the windows' retention where applied
-        self.retention_interval, layout = read_retention(kv_cache_config, layout, scheduler_block_size,
-                                                         use_eagle)
-        self._retains = any(g.retention is not None for g in layout.groups)  # (slots.admit's junction)
-        self._junctions = self._retains or any(g.sparse for g in layout.groups)  # (mamba.junction)
+        layout, s = read_settings(kv_cache_config, scheduler_block_size=scheduler_block_size,
+                                  hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
+                                  pcp_world_size=pcp_world_size, use_eagle=use_eagle,
+                                  num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                                  num_prefill_lookahead=num_prefill_lookahead, watermark=watermark,
+                                  enable_caching=enable_caching)
+        # what the calls read of the layout and arguments (what each is: settings.Settings)
+        self.retention_interval = s.retention_interval
+        self.block_size = bs = s.block_size
+        self.hash_block_size = s.hash_block_size
+        self.group_sizes = s.group_sizes
+        self.cache_unit = s.cache_unit
+        self.hit_group = s.hit_group
+        self.eagle_groups = s.eagle_groups
+        self.watermark_blocks = s.watermark_blocks
+        self.replay_tokens = s.replay_tokens
+        self.reprefill_tokens = s.reprefill_tokens
+        self.cached_groups = s.cached_groups
+        self._retains, self._junctions, self._uncached = s.retains, s.junctions, s.uncached
+        self._odd_hit, self._hybrid = s.odd_hit, s.hybrid
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
-        self.block_size = bs = layout.block_size
-        # the hashes' block size (extra keys of prompt embeddings are cut at it): the
-        # groups' one size, or the gcd-like size vLLM hashes at beside groups of different sizes
-        self.hash_block_size = layout.sizes.hash_size
-        self.group_sizes = layout.sizes.sizes  # (each group's own block size)
-        # the alignment of hits and caching: the scheduler's block, or with vLLM's
-        # fine-grained partial hits the hash block (groups/partial.py)
-        self.cache_unit = layout.sizes.unit
-        # the group whose hit entries count the hit's tokens (a Mamba group's may not, an
-        # uncached window's hold none)
-        self.hit_group = next((g for g, s in enumerate(layout.groups) if not s.sparse and s.cached), 0)
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
         self.hands_off_events = False
-        self.use_eagle = use_eagle  # (a hit drops its last block: slots.eagle_hit)
-        # the groups that match one block past an EAGLE hit (layout.eagle_layout)
-        self.eagle_groups = eagle_layout(layout) if use_eagle else ()
+        self.use_eagle = use_eagle  # (a hit drops its last block: hits.eagle_hit)
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         # enable_mamba_shared_prefix_checkpoint does nothing, as in vLLM 0.33, whose manager acts
         # on it only with partial-block hits (a Mamba block larger than the hash block) and EAGLE
         # beside Mamba, which check_options refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
-        # vLLM's scheduler replays this many tokens below a hit (SWA bounded replay: its
-        # uncached window is rebuilt), counting them not computed meanwhile (sound_tokens)
-        self.replay_tokens = max(s.prefix_replay_tokens for s in layout.specs)
-        # multi-module MTP prefills a step's last tokens again: cached a step late (slots.py)
-        self.reprefill_tokens = max(0, num_prefill_lookahead - 1) if enable_caching else 0
-        # the groups whose hits are looked up (vLLM's empty slot for the others), whether
-        # one is not, and whether a hit is found otherwise than by every group (slots.lookup)
-        self.cached_groups = tuple(g.cached for g in layout.groups)
-        self._uncached = not all(self.cached_groups)
-        self._odd_hit = use_eagle or self._uncached
-        self._hybrid = layout.hybrid
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
                                 None if layout.sizes.one_size else layout.sizes)
@@ -178,38 +164,12 @@ class KVCacheManager(StepCalls):
 
     get_num_common_prefix_blocks = queries.get_num_common_prefix_blocks
 
-    # ---- lookup ---------------------------------------------------------------------------
+    # ---- lookup: hits.py (the hit a waiting request would reuse) -----------------------------
 
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Whether the request's admission reads the cache: caching is on and the request
-        does not ask for every position computed (prompt logprobs, pooling)."""
-        return self.enable_caching and reads_cache(request)
-
-    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
-                            ) -> tuple[KVCacheBlocks, int, int]:
-        """The cached prefix a waiting request would reuse now: its blocks per group (vLLM's
-        null block where a window no longer reads one), its tokens (a multiple of
-        block_size, at most ``num_tokens - 1``) and the shared-prefix boundary (beside
-        a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing.
-        The hit is the longest every group serves within ``max_cache_hit_length``; with
-        ``use_eagle``, less its last block (vLLM's EAGLE recomputes it)."""
-        blocks, n = lookup(self, request, max_cache_hit_length)
-        return blocks, n, junction(self, request, n, max_cache_hit_length)
-
-    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
-                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` and False: hits never diverge between groups here.
-        Raises UnsupportedByPrefixKV beside a Mamba group (vLLM's per-group hits)."""
-        if self._mamba.groups:
-            raise UnsupportedByPrefixKV("prefixkv does not offer a connector's per-group hits "
-                                        "beside a Mamba group")
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
-
-    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
-        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size):
-        each group's first ``num_computed_tokens // its block size``."""
-        return KVCacheBlocks(tuple(list(g[:num_computed_tokens // b])
-                                   for g, b in zip(blocks.blocks, self.group_sizes, strict=True)))
+    prefix_cache_lookup_enabled = hits.prefix_cache_lookup_enabled
+    get_computed_blocks = hits.get_computed_blocks
+    get_computed_blocks_for_connector = hits.get_computed_blocks_for_connector
+    truncate_computed_blocks = hits.truncate_computed_blocks
 
     # ---- allocation ------------------------------------------------------------------------
 

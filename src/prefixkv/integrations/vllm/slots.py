@@ -1,6 +1,6 @@
-"""The slots ``manager.KVCacheManager`` gives a request, over prefixkv's manager: the hit
-it may reuse (``get_computed_blocks``), admission of a new request and growth of a live
-one (``allocate_slots``, ``cache_blocks``).
+"""The slots ``manager.KVCacheManager`` gives a request, over prefixkv's manager:
+admission of a new request with the hit it reuses (``allocate_slots``; the hit is found
+by hits.py); the growth of a live one (``allocate_slots``, ``cache_blocks``) is growth.py's.
 
 How vLLM's calls map (``| hit | external | new | lookahead |`` = vLLM's allocate_slots
 layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached (their
@@ -12,8 +12,8 @@ as vLLM); ``cache_blocks(request, n)`` caches up to ``n`` later (the
 scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
 from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
 prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
-describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
-found and verified by content, so ``request.block_hashes`` is not read.
+describes the request exactly, else as those ids (``admission_prompt``, which the
+lookup of a hit reads too: hits.py).
 
 Functions of the manager ``m``, whose methods state their contracts; they read and
 change its request map, block table and telemetry, and hold no state of their own.
@@ -22,7 +22,7 @@ change its request map, block table and telemetry, and hold no state of their ow
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request, RequestStatus
@@ -32,47 +32,16 @@ from prefixkv.core.prompt import Prompt
 from prefixkv.errors import PromptTooLongError, RequestError, check_count
 from prefixkv.extra_keys import ExtraKeys
 
+from .growth import grow_live
 from .layout import UnsupportedByPrefixKV
-from .requests import core_tokens, extra_keys_of, sound_tokens
+from .requests import core_tokens, extra_keys_of
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind", "uncached_hit",
-           "uncached_new"]
+__all__ = ["admission_prompt", "admit", "allocate", "uncached_new"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-
-
-def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
-           ) -> tuple[KVCacheBlocks, int]:
-    """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
-    blocks per group and tokens, noted to the metrics collector; none when the request
-    does not read the cache. The hit is the longest within ``max_cache_hit_length``
-    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``);
-    beside an uncached window (SWA bounded replay), the other groups' (``uncached_hit``)."""
-    if not m.prefix_cache_lookup_enabled(request):
-        return m.empty_kv_cache_blocks, 0
-    prompt, extra = admission_prompt(m, request)
-    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, layout.eagle_layout)
-        ids = (eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length) if m.use_eagle
-               else uncached_hit(m, prompt, extra, max_cache_hit_length))
-    else:
-        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
-        ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    g = m.hit_group
-    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
-    if n:
-        m._telemetry.on_accessed(blocks)
-    return blocks, n
-
-
-def uncached_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
-                 cap: int | None) -> tuple[tuple[int, ...], ...]:
-    """``lookup``'s hit blocks per group beside an uncached window (vLLM's SWA bounded
-    replay, never looked up): the other groups', and none for the window, as vLLM's."""
-    hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
-    return tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
 
 
 def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
@@ -82,25 +51,6 @@ def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
     null = m.core.null_block_id
     return tuple(ids if c else tuple(i for i in t if i != null)
                  for ids, t, c in zip(new, tables, m.cached_groups, strict=True))
-
-
-def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
-              num_tokens: int, cap: int | None) -> tuple[tuple[int, ...], ...]:
-    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``layout.eagle_layout``
-    says where): a group matches one block past the hit and drops it. With one group
-    (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
-    default): one full-attention group drops the last block of its hit; with several,
-    the hit is within the cap and the block after it may be the prompt's last full one
-    (``peek``, in ``m.eagle_groups``)."""
-    if not m._hybrid:
-        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
-        return (hit[:-1],)
-    if m.num_kv_cache_groups == 1:
-        bs = m.block_size
-        cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
-    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,
-                                                               peek=m.eagle_groups)
-    return out
 
 
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
@@ -206,91 +156,6 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         new = uncached_new(m, new, adm.group_block_ids)
     m._telemetry.on_allocated(new)
     return m._blocks.of(new)
-
-
-def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int,
-              num_new_computed_tokens: int, num_external_computed_tokens: int, num_lookahead_tokens: int,
-              delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int) -> KVCacheBlocks | None:
-    """``allocate_slots`` for the live request ``key``: the blocks added, or None when
-    the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
-    release of the blocks no window reads any more)."""
-    computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
-    # (the second: vLLM computes what a load was to write, which failed, where the
-    # windows gave back what the query after the load would not read)
-    back = n < scheduled or bool(m._hybrid and n == scheduled and num_new_tokens
-                                 and m.core.reads_released(key, n))
-    if m._hybrid:
-        # as vLLM, windows move at the tokens processed: steps in flight (async
-        # scheduling) still read from where they start, which is before computed
-        m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
-    slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
-    cache_to = (request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens) \
-        - m.reprefill_tokens  # (vLLM's num_reprefillable_tokens: cached when final)
-    # counted before the rewind below, which a refusal must not make (it uncaches the
-    # request's blocks past the count, whose KV may be sound: a landed load whose last
-    # token vLLM recomputes, before the recompute); the count is the same either way: the
-    # tables keep their length, and the bound above caps the release at or below the
-    # rewound position
-    short = m.coordinator.short_of_blocks
-    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
-            or short(key, slots, keep):
-        if m._hybrid:  # as vLLM, which frees what no window reads before it counts
-            m.core.release_unread(key)
-        return None
-    if back:  # (but while vLLM replays the window below a hit: its tokens are sound)
-        sound = sound_tokens(request, m.replay_tokens)
-        if sound == n or sound < scheduled:
-            rewind(m, key, sound)
-    return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
-
-
-def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:
-    """vLLM set the live request ``key`` back to ``num_computed_tokens`` (KV found
-    invalid: a failed load) and recomputes from there: so does prefixkv. Its full blocks
-    from there lose their content and are cached anew as the recompute schedules them
-    (unless the recompute reads what a window released: never, groups/taint.py); the
-    windows move at the recompute's start, not at the old, later position. The plain
-    manager refuses, changing nothing, while another request holds one of those blocks
-    (vLLM recomputes a shared invalid block once, in place, for all): the request then
-    goes on as before, the blocks it recomputes not cached again while it lives."""
-    if m._hybrid:
-        m.core.rewind(key, num_computed_tokens)
-        return
-    try:
-        m.core.rewind(key, num_computed_tokens)
-    except RequestError:  # (the only refusal left: a block another request holds)
-        pass
-
-
-def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: int
-         ) -> tuple[tuple[int, ...], ...]:
-    """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
-    to ``slots``; the blocks added per group. The pool was checked."""
-    core, hybrid = m.core, m._hybrid
-    added: list[tuple[int, ...]] = [()] * m.num_kv_cache_groups  # (no closure: a decode step's)
-    held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
-    if cache_to > scheduled:
-        if min(cache_to, held) > scheduled:
-            _took(added, core.extend(key, min(cache_to, held) - scheduled), hybrid)
-        if cache_to > held:
-            _took(added, core.append_tokens(key, core_tokens(request)[held:cache_to]), hybrid)
-        scheduled = cache_to
-    if slots > scheduled:
-        _took(added, core.reserve(key, slots - scheduled), hybrid)
-    m._telemetry.on_allocated(added)
-    return tuple(added)
-
-
-def _took(added: list[tuple[int, ...]], got: Any, hybrid: bool) -> None:
-    """Add a growth call's new block ids (per group when ``hybrid``) to ``added``."""
-    assert got is not None, "growth was short of blocks after the pool was checked"
-    if not hybrid:
-        added[0] += got
-        return
-    for g, ids in enumerate(got):
-        added[g] += ids
-
 
 
 def admission_prompt(m: KVCacheManager, request: Request) -> tuple[Sequence[int] | Prompt, ExtraKeys | None]:

@@ -1,0 +1,75 @@
+"""The vLLM manager's arguments besides its ``KVCacheConfig``, checked against the layout
+read from it (layout.py): ``check_options`` refuses, naming it, what prefixkv does not
+offer, before anything is built; ``eagle_layout`` says which groups match one block past
+an EAGLE hit, or refuses a layout on which prefixkv does not find EAGLE's hits as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.errors import ConfigError
+
+from .layout import FULL_SPECS, Layout, UnsupportedByPrefixKV
+
+__all__ = ["check_options", "eagle_layout"]
+
+
+def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
+                  watermark: float, num_prefill_lookahead: int = 0, enable_caching: bool = True) -> None:
+    """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
+    EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
+    groups of at most two specs, full attention one of them when two (vLLM's one-pass
+    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
+    multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
+    > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
+    the drafter may prefill them again) but on one full-attention group (as vLLM,
+    ConfigError beside EAGLE when a block is shorter: docs/lookahead.md), a negative
+    ``watermark``."""
+    if use_eagle:
+        eagle_layout(layout)  # (its refusals)
+    if enable_caching and num_prefill_lookahead > 1 and layout.hybrid:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
+                                    f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
+                                    f"caches the last {num_prefill_lookahead - 1} computed tokens "
+                                    f"late) but on one full-attention group")
+    drafted = use_eagle or any(layout.eagle_flags)  # (vLLM's eagle_group_ids)
+    if enable_caching and drafted and layout.block_size < num_prefill_lookahead:
+        raise ConfigError(f"multi-module MTP with prefix caching needs block_size "
+                          f"({layout.block_size}) >= num_prefill_lookahead ({num_prefill_lookahead})")
+
+    if num_hash_lookahead_tokens:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
+                                    f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
+    if watermark < 0:
+        raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
+
+
+def eagle_layout(layout: Layout) -> tuple[bool, ...]:
+    """The groups that match one block past an EAGLE hit (vLLM 0.33: the groups flagged
+    ``is_eagle_group``, its draft model's, and those of the same spec; every group when
+    none is flagged). Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's
+    shortened hits on ``layout`` as vLLM does: every group full attention or sliding
+    window (vLLM's chunked local attention refuses EAGLE; beside Mamba, vLLM moves
+    Mamba's checkpoints to EAGLE's replay boundary), and at most two distinct specs, one
+    of them full attention when two (vLLM's hit is then one pass; with more it applies
+    the dropped block once per candidate, and a group that already dropped it is checked
+    again without: ``kv_cache_coordinator``)."""
+    kinds = {g.kind for g in layout.groups}
+    if not all(g.cached for g in layout.groups):
+        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
+                                    "beside SWA bounded replay (an uncached window)")
+    if not kinds <= {"full_attention", "sliding_window"}:
+        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
+                                    f"full-attention and sliding-window groups only, got {sorted(kinds)}")
+    distinct: list[Any] = []
+    for spec in layout.specs:
+        if spec not in distinct:
+            distinct.append(spec)
+    if len(distinct) > 2 or (len(distinct) == 2 and not any(type(s) in FULL_SPECS for s in distinct)):
+        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside "
+                                    f"one other group spec at most, a full-attention one of the "
+                                    f"two, got {len(distinct)} specs")
+    flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
+    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
+                 for spec in layout.specs)
