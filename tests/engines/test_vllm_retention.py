@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv import ConfigError
@@ -136,14 +136,22 @@ STEMS = [[100 * s + k for k in range(200)] for s in range(3)]
 @settings(max_examples=25, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 200), st.integers(0, 3),
                               st.none() | st.integers(8, 96), st.booleans()), min_size=3, max_size=14))
+@example(ops=[(0, 1, 0, None, False), (0, 1, 0, None, True), (0, 158, 3, None, True),  # (r4's block
+               (1, 64, 0, None, True), (0, 32, 1, None, True), (1, 190, 3, None, True),  # 0 a twin of
+               (0, 1, 0, None, False), (0, 14, 3, None, False), (0, 96, 1, None, False)])  # r2's)
 def test_the_plugin_retains_as_vllms_manager(interval, ops):
     """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout):
     prompts of shared stems admitted as vLLM's scheduler admits them (the junction
     ``get_computed_blocks`` reports kept on the request), prefilled in chunks, some
     freed; both managers report the same hit and junction for every prompt sent and
-    give tables as long with null entries in the same places. Before the retention was
-    applied prefixkv took 0 and cached every window block (longer hits, no junction)
-    and refused 64."""
+    give the same tables (block ids, null entries) and free queue, until a freed
+    request releases a twin: a block caching content another block caches too (a hit
+    cut short by the window recomputes full-attention blocks cached already). vLLM
+    keeps the twin cached at the queue's tail; prefixkv empties it (the free-duplicate
+    difference, groups.md), so from then on the two evict different blocks and may
+    report different hits and junctions (the explicit example: 96 on prefixkv, 0 on
+    vLLM, for the last prompt). Before the retention was applied prefixkv took 0 and
+    cached every window block (longer hits, no junction) and refused 64."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.request import RequestStatus
@@ -167,11 +175,28 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
         assert (got[0] is None) == (got[1] is None)
         if got[0] is None:
             continue
-        tables = [[[b.is_null for b in g] for g in side.get_blocks(f"r{n}").blocks] for side in sides]
+        tables = [[[None if b.is_null else b.block_id for b in g] for g in side.get_blocks(f"r{n}").blocks]
+                  for side in sides]
         assert tables[0] == tables[1]
         live.append(reqs)
         while live and (free or len(live) > 2):
-            for side, r in zip(sides, live.pop(0), strict=True):
+            gone = live.pop(0)
+            twin = _frees_a_twin(sides[0], gone[0].request_id)
+            for side, r in zip(sides, gone, strict=True):
                 side.free(r)
             free = False
+            queues = [[b.block_id for b in side.block_pool.free_block_queue.get_all_free_blocks()]
+                      for side in sides]
+            if twin:  # (the same free blocks, in another order: compared no further)
+                assert sorted(queues[0]) == sorted(queues[1])
+                return
+            assert queues[0] == queues[1]
 
+
+def _frees_a_twin(vllms: Any, request_id: str) -> bool:
+    """Whether freeing ``request_id`` on vLLM's manager releases a block's last
+    reference while another block caches the same content (vLLM's map lists both)."""
+    twins = vllms.block_pool.cached_block_hash_to_block._cache
+    return any(not b.is_null and b.ref_cnt == 1 and b.block_hash is not None
+               and isinstance(twins.get(b.block_hash), dict)
+               for g in vllms.get_blocks(request_id).blocks for b in g)
