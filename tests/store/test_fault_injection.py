@@ -26,6 +26,7 @@ from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
 from .faults import P, Q, Trickle, counts, landed, leave, ledger, served, warmed
+from .maxmemory import cut
 from .test_server_faults import Engine, write
 
 
@@ -253,28 +254,3 @@ def test_writes_refused_part_way_through_a_pipeline_cost_those_values_and_reads_
     own.close()
     backend.close()
 
-
-def cut(server, room):
-    """``CONFIG SET maxmemory`` to what ``server`` uses plus ``room`` bytes, measured so
-    that the writes after it find exactly that room. Redis counts its clients' buffers
-    in what it uses: a connection that reads a command takes a 32 KiB read buffer
-    (6.2: twice the 16 KiB it reads at a time), which the server's cron frees about
-    0.1 s after the connection goes idle. A limit measured while the store's idle
-    connections still held theirs gained their 32 KiB each once they were freed (8 of 8
-    stored); one measured after lost 32 KiB to the buffer the pipeline took again (0
-    of 8 stored, on a loaded machine). So: wait until no client but this one holds a
-    buffer (no query buffer, no reply pending), measure, set the limit, and close this
-    connection: the pipeline's new connection (a client and its read buffer, as this
-    one) takes its place in what the server uses (this close reaches the server before
-    that connection does)."""
-    admin = redis.Redis(unix_socket_path=server.socket, socket_timeout=LIVE)
-    me = admin.client_id()
-    held = ("qbuf", "qbuf-free", "obl", "oll", "omem")
-
-    def idle():
-        return all(int(c[k]) == 0 for c in admin.client_list() if int(c["id"]) != me
-                   for k in held)
-
-    wait_until(idle, "the server to free its idle clients' buffers")
-    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + room)
-    admin.close()
