@@ -26,6 +26,7 @@ from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
 from .faults import P, Q, Trickle, counts, landed, leave, ledger, served, warmed
+from .maxmemory import cut
 from .test_server_faults import Engine, write
 
 
@@ -220,17 +221,19 @@ def test_writes_refused_part_way_through_a_pipeline_cost_those_values_and_reads_
     eight values written in one pipeline: some are stored, the rest refused (OOM), each
     counted. With the server still full, reads go on: Q is served whole; P exactly as
     far as its values were stored, each block its own KV, with no error counted (an
-    absent key is a miss); nothing leaks. (Measured while nothing else ran: a fetch
-    under way when the limit was set made its reply buffers part of it.)"""
+    absent key is a miss); nothing leaks. The limit is taken with nothing in flight
+    and no client buffer the server may yet free (``cut``); the pipeline goes on a
+    connection of its own."""
     backend, shared, _ = stored(server, "oom", prompts=(Q,))
     e = warmed(shared)
     base, before = ledger(e.m), counts(e.m)
     w = Engine(SharedStore(backend, StoreLayout("oom", "u8", 4096), cost=always(), timeout=LIVE))
     w.compute("w", P)
-    admin = redis.Redis(unix_socket_path=server.socket, socket_timeout=LIVE)
-    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 4 * 4096)
+    assert ledger(e.m) == base                      # (no fetch under way)
+    own = RedisStore(server.url, timeout=LIVE)
+    cut(server, 4 * 4096)
     try:
-        writer = StoreWriter(backend, batch=8)
+        writer = StoreWriter(own, batch=8)
         for op, data in w.puts:
             assert writer.put(op, data)
         writer.flush()
@@ -242,9 +245,12 @@ def test_writes_refused_part_way_through_a_pipeline_cost_those_values_and_reads_
         assert e.m.add_request("a", P) == StoreWait("a", 8)
         assert landed(e, "a", P) == (4 * first_refused, 33 - 4 * first_refused)
     finally:
+        admin = redis.Redis(unix_socket_path=server.socket, socket_timeout=LIVE)
         admin.config_set("maxmemory", 0)
+        admin.close()
     assert counts(e.m) == {**before, "hits": before["hits"] + 32 + 4 * first_refused}
     leave(e, "a", "b")
     assert ledger(e.m) == base
-    admin.close()
+    own.close()
     backend.close()
+

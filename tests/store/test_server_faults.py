@@ -23,6 +23,7 @@ from prefixkv.store.server import LocalRedis
 from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
+from .maxmemory import cut
 
 BS, PAYLOAD = 4, 4096
 PROMPT = list(range(100, 133))  # eight full blocks + 1
@@ -253,17 +254,18 @@ def test_maxmemory_cut_under_a_pipeline_refuses_some_writes_which_are_counted(se
     w = Engine(shared, num_blocks=30, host_blocks=26)
     prompt = list(range(1, 4 * 24 + 2))              # 24 full blocks
     w.compute("w", prompt)
-    a = admin(server)
-    used = a.info("memory")["used_memory"]
-    # (the pipeline's bytes count while the server reads them: batches of 4 values)
-    a.config_set("maxmemory", used + 16 * PAYLOAD)
-    writer = write(backend, w.puts, batch=4)
+    own = RedisStore(server.url, timeout=LIVE)
+    cut(server, 16 * PAYLOAD)                        # (written in batches of 4)
+    writer = write(own, w.puts, batch=4)
     assert writer.written + writer.errors == 24
     assert 0 < writer.written < 24, (writer.written, writer.errors)
     stored = backend.held([op.key for op, _ in w.puts])
     e = Engine(shared, num_blocks=30, host_blocks=26)
     assert e.probe(prompt) == 4 * stored
+    a = admin(server)
     a.config_set("maxmemory", 0)
+    a.close()
+    own.close()
     writer = write(backend, w.puts)
     assert (writer.written, writer.errors) == (24, 0)
     assert e.probe(prompt) == 96
