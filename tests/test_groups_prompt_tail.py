@@ -56,10 +56,11 @@ def test_a_bad_num_prompt_tokens_is_refused_before_any_change(bad, prepared):
 
 def test_check_invariants_names_a_tail_entry_held_by_a_block_not_its_groups_primary():
     """The partial tail entry of a prompt of 16 tokens (full attention at 8 beside full
-    attention at 16) is held by group 1's block 0, its group's primary. Moved by hand to
-    a block that holds no prefix, or to group 0's block holding the same prefix (another
-    group's), ``check_invariants`` names it. (mutants-r24: the check dropped, or its test,
-    survived every test: no sound state reaches it.)"""
+    attention at 16) is held by group 1's block 0, which holds its group's prefix. Moved
+    by hand to a block that holds no prefix, or to group 0's block holding the same prefix
+    (another group's), ``check_invariants`` names it (a spare of the group's prefix may
+    hold one too: poolview-r25, each entry counts its holders). (mutants-r24: the check
+    dropped, or its test, survived every test: no sound state reaches it.)"""
     from prefixkv.errors import InvariantError
 
     specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
@@ -71,18 +72,20 @@ def test_check_invariants_names_a_tail_entry_held_by_a_block_not_its_groups_prim
         m.check_invariants()
         moved = m.num_blocks - 1 if to == "empty" else g0[1]   # (block 5: no request's)
         tails[moved] = tails.pop(g1[0])
-        with pytest.raises(InvariantError, match=f"block {moved} holds a partial tail entry but is "
-                                                 "not its group's primary"):
+        with pytest.raises(InvariantError, match=f"block {moved} holds a partial tail entry but not "
+                                                 "its group's prefix"):
             m.check_invariants()
 
 
-def test_a_tail_entry_is_withdrawn_when_a_spare_takes_its_blocks_prefix():
+def test_a_tail_entry_stays_with_the_spare_that_takes_its_blocks_prefix():
     """r and s admit the same prompt of 16 tokens (full attention at 8 beside full
     attention at 16): group 1's block 2 (r's) holds the prefix and the partial tail entry
-    of hash block 0, s's block 5 is a spare. r freed, x's admission evicts block 2: the
-    spare takes the prefix and block 2's tail entry is withdrawn, so x, whose third block
-    of 16 is block 2 again, announces its own tail there.
-    (mutants-r24: the heir's path not withdrawing the entry survived every test.)"""
+    of hash block 0, s's block 5 is a spare holding the same entry (vLLM caches it on
+    every copy: poolview-r25, each entry counts its holders). r freed, x's admission
+    evicts block 2: the spare takes the prefix and keeps the entry, which is not
+    withdrawn (s still holds it, as on vLLM), and x, whose third block of 16 is block 2
+    again, announces its own tail there. (mutants-r24: the heir's path; before
+    poolview-r25 the entry was withdrawn here, while vLLM's stream still held it.)"""
     specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
     m = HybridKVCacheManager(specs, 12, sizes, enable_events=True, seed=0)
     hashes = m.prepare(list(range(16))).hashes
@@ -93,7 +96,8 @@ def test_a_tail_entry_is_withdrawn_when_a_spare_takes_its_blocks_prefix():
     assert m.add_request("x", list(range(50, 98))).group_block_ids == ((6, 7, 8, 9, 10, 11), (1, 0, 2))
     events = m.take_events()
     assert [(e.group_idx, e.block_ids, e.block_hashes) for e in events
-            if isinstance(e, GroupBlockRemoved) and e.group_idx == 1] == [(1, (2,), (hashes[0],))]
+            if isinstance(e, GroupBlockRemoved) and e.group_idx == 1] == []
+    assert {b: e.block_hashes for b, e in m._index.tails.items()}[5] == (hashes[0],)
     assert [(e.group_idx, e.block_ids, len(e.token_bytes)) for e in events if isinstance(e, GroupBlockStored)
             and e.group_idx == 1 and len(e.token_bytes) == 4 * 8] == [(1, (2,), 32)]
     m.check_invariants()
