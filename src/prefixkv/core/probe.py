@@ -67,12 +67,13 @@ class BlockProbe:
         if num_tokens % bs:
             raise RequestError(f"num_tokens must be a multiple of block_size {bs}, got {num_tokens}")
         k = num_tokens // bs
-        hits = self._hits
-        if k <= len(hits):
-            b = hits[k - 1]
-            if b.content_id == self._cids[k - 1] and b.key is not None and not b.twin:
-                return b
-        return self._walk(k)
+        return self._hits[k - 1] if k <= len(self._hits) and self._holds(k - 1) else self._walk(k)
+
+    def _holds(self, i: int) -> bool:
+        """Whether the block found for prefix ``i`` still holds it: the content id it held
+        then, as its content's primary (not a spare), with content."""
+        b = self._hits[i]
+        return b.content_id == self._cids[i] and b.key is not None and not b.twin
 
     def _walk(self, k: int) -> Block | None:
         chunks, base, mm = self._chunks, self._base, self._mm
@@ -83,8 +84,7 @@ class BlockProbe:
         assert isinstance(self._index, ContentIndex)
         hits, cids = self._hits, self._cids
         i = min(k - 1, len(hits))  # the deepest block of the prefix still holding its content
-        while i and not (hits[i - 1].content_id == cids[i - 1] and hits[i - 1].key is not None
-                         and not hits[i - 1].twin):
+        while i and not self._holds(i - 1):
             i -= 1
         del hits[i:], cids[i:]
         held = self._index.held

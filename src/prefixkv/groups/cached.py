@@ -106,13 +106,12 @@ class PrefixProbe:
             raise RequestError(f"num_tokens must be a multiple of the hash block size {h}, got {num_tokens}")
         k = num_tokens // h
         nodes = self._nodes
-        node = nodes[k - 1] if k <= len(nodes) else None
-        return node if node is not None and node.refs and not node.lost else self._walk(k)
+        return nodes[k - 1] if k <= len(nodes) and _in_table(nodes[k - 1]) else self._walk(k)
 
     def _walk(self, k: int) -> Prefix | None:
         nodes = self._nodes
         i = min(k - 1, len(nodes))  # the deepest node of the prompt still in the table
-        while i and not (nodes[i - 1].refs and not nodes[i - 1].lost):
+        while i and not _in_table(nodes[i - 1]):
             i -= 1
         del nodes[i:]
         chunks, extras, child = self._chunks, self._extras, self._m._table.child
@@ -124,3 +123,9 @@ class PrefixProbe:
             nodes.append(node)
             i += 1
         return node
+
+
+def _in_table(node: Prefix) -> bool:
+    """Whether ``node`` is still its prefix's node in the table (referred to, not lost:
+    prefixes.py; ids are never reused)."""
+    return bool(node.refs) and not node.lost
