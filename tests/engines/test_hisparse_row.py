@@ -54,8 +54,11 @@ class RowModel(Model):
 
     def update_residency(self) -> None:
         expected = self.r.unpinnable()
+        asks = self.r.asks_for_hot(len(self.gpu), max(self.hot_blocks, self.num_blocks // 10), self.window)
+        asked = self.seen.get("asked for hot", 0)
         self.unpins = []
         super().update_residency()
+        assert self.seen.get("asked for hot", 0) - asked == asks
         self.apply_unpins(expected)
 
     def confirm(self, transfers: list[int]) -> None:

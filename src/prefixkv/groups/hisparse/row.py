@@ -91,6 +91,14 @@ class ResidentRow:
         """The request took its hot region: it may read from host from now on."""
         self.hot = True
 
+    def asks_for_hot(self, free: int, watermark: int, window: int) -> bool:
+        """Whether a row without its hot region asks for one after a step: the pool has
+        fewer than ``watermark`` free blocks (vLLM's ``max(hot blocks per request,
+        num_blocks // 10)``), or the row holds its admission ``window`` of pages. A row
+        that holds its hot region asks for nothing."""
+        check_count("free", free, 0, None)
+        return not self.hot and (free < watermark or len(self._states) >= window)
+
     def plan(self, sealed: int, budget: int) -> list[int]:
         """Mark IN_FLIGHT, and return in page order, the DIRTY pages from ``ready`` below
         ``sealed`` (the pages the computed tokens fill), at most ``budget`` of them: the
