@@ -6,8 +6,8 @@ below (read from vLLM's ``v1/hisparse/coordinator.py``, its HiSparse managers an
 Scope: one request at a time (freed, then a new one), prefix caching off, no hits and no
 external loads (so no host publication, copies or restores), one resident and one hot
 group; a prompt computed in chunks, the workers confirming the page copies planned (any
-subset, any time), and other users of the GPU pool taking and giving back blocks. The
-rules (``Model``):
+subset, any time; one worker, or two whose reports come apart), and other users of the
+GPU pool taking and giving back blocks. The rules (``Model``):
 
 - a step to ``T`` tokens takes, in group order, the host blocks (from the host pool: when
   it lacks them the step fails, whatever the GPU pool holds), the indexer's and the
@@ -23,6 +23,8 @@ rules (``Model``):
   row's last two; if not, it is asked to take one when the pool's free count is below
   ``max(blocks_per_request, num_blocks // 10)`` or its row holds the admission window
   (``cdiv(min(max_in_flight_tokens, max_model_len), bs)`` pages);
+- a copy is confirmed once as many workers completed it as the first enqueued report
+  said (``Model.report``);
 - a confirmed copy makes its page clean (unpinned at once when the request holds its hot
   region and the page is not among the row's last two);
 - freeing: ``Model.free``; a page in flight keeps its blocks until its copy is confirmed.
@@ -69,6 +71,8 @@ class Model:
     unpinned: dict[int, int] = field(default_factory=dict)  # block -> page
     to_send: list[int] = field(default_factory=list)  # transfers planned, not yet sent
     next_transfer: int = 0
+    # transfer id -> [workers that will complete it (0: not yet known), completions so far]
+    counts: dict[int, list[int]] = field(default_factory=dict)
     ready: int = 0
     taken: list[int] = field(default_factory=list)  # blocks other users hold
     seen: dict[str, int] = field(default_factory=dict)  # events, that a scenario is not vacuous
@@ -148,6 +152,26 @@ class Model:
     def block_of(self, tid: int) -> int:
         """The GPU block of transfer ``tid``."""
         return self.orphans[tid][0] if tid in self.orphans else self.row[self.pending[tid]]
+
+    def report(self, enqueued: dict[int, int], completed: dict[int, int]) -> list[int]:
+        """The workers' reports (vLLM's ``update_spills``), on transfers in flight only: a
+        transfer's number of workers is the first enqueued count reported for it, and it
+        is confirmed once that many completions have come. Returns those confirmed."""
+        live = {*self.pending, *self.orphans}
+        for tid, n in enqueued.items():
+            if tid in live:
+                c = self.counts.setdefault(tid, [0, 0])
+                c[0] = c[0] or n
+        for tid, n in completed.items():
+            if tid in live:
+                self.counts.setdefault(tid, [0, 0])[1] += n
+        done = [t for t in sorted(live) if t in self.counts and 0 < self.counts[t][0] <= self.counts[t][1]]
+        if any(t not in done for t in completed if t in live):
+            self.note("waits for a worker")
+        for tid in done:
+            del self.counts[tid]
+        self.confirm(done)
+        return done
 
     def confirm(self, transfers: list[int]) -> None:
         # (the coordinator's dict order: planned order) first the GPU blocks' references
@@ -242,11 +266,16 @@ SCENARIOS = {
     "pool-below-watermark": ((12, 12, 2, MAX_LEN, 96), [
         ("step", 64), ("step", 16), ("confirm", 5), ("step", 16), ("take", 1), ("give_back", 0),
         ("step", 16), ("confirm", ALL)], {"asked for hot", "gpu full"}),
+    # two workers: a copy is confirmed by the second completion only, freed in between
+    "two-workers": ((16, 12, 1, 16, 96), [
+        ("step", 48), ("halve", ALL), ("step", 16), ("halve", 0b101), ("free", 0), ("confirm", ALL),
+        ("step", 48), ("halve", 0b11), ("confirm", 0b1)], {"waits for a worker", "freed in flight"}),
 }
 
 STEP = st.tuples(st.just("step"), st.integers(1, 40))
 CONFIRM = st.tuples(st.just("confirm"), st.integers(0, ALL))
-OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, st.tuples(st.just("take"), st.integers(1, 12)),
+HALVE = st.tuples(st.just("halve"), st.integers(0, ALL))
+OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, HALVE, st.tuples(st.just("take"), st.integers(1, 12)),
                          st.tuples(st.just("give_back"), st.just(0)), st.tuples(st.just("free"), st.just(0))),
                min_size=4, max_size=40)
 # the arguments of a random stream (``run`` in the tests that use them)

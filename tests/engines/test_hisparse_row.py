@@ -107,9 +107,10 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
             total = min(m.computed + arg, prompt)
             if total > m.computed:
                 m.step(total)
-        elif op == "confirm":
+        elif op in ("confirm", "halve"):
             m.to_send = []
-            m.confirm([t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1])
+            chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
+            m.report({t: 1 if op == "confirm" else 2 for t in chosen}, {t: 1 for t in chosen})
         elif op == "free":
             m.free()
         elif op == "take":

@@ -64,14 +64,16 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                 coordinator.advance_scheduled([(req.request_id, total)])
                 req.num_computed_tokens = total
             assert (got is not None) == m.step(total), (i, op, arg)
-        elif op == "confirm":  # every transfer sent; those of ``arg``'s bits confirmed
+        elif op in ("confirm", "halve"):  # every transfer sent; those of ``arg``'s bits
+            # reported by one worker ("confirm"), or enqueued by two, one completing
             sent = coordinator.build_offload_command().page_transfers
             assert [(t.transfer_id, t.resident_block_ids) for t in sent] == [
                 (t, (m.block_of(t),)) for t in m.to_send], (i, op, arg)
             m.to_send = []
             chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
-            coordinator.update_spills({t: 1 for t in chosen}, {t: 1 for t in chosen})
-            m.confirm(chosen)
+            enqueued = {t: 1 if op == "confirm" else 2 for t in chosen}
+            coordinator.update_spills(enqueued, {t: 1 for t in chosen})
+            m.report(enqueued, {t: 1 for t in chosen})
         elif op == "free":
             manager.free(req)
             m.free()
