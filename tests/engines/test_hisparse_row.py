@@ -1,4 +1,4 @@
-"""prefixkv's HiSparse resident row (``prefixkv.groups.hisparse.ResidentRow``) checked
+"""prefixkv's HiSparse resident row and copies in flight (``groups.hisparse``) checked
 against the reference of vLLM 0.33's page life-cycle (hisparse_model.py, itself checked
 against vLLM's coordinator by test_vllm_hisparse_reference.py). The row decides and the
 model acts: after every call, the pages the row plans, unpins and frees must be the ones
@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from prefixkv.errors import InvariantError, RequestError
 from prefixkv.groups.hisparse.row import PageState, ResidentRow
+from prefixkv.groups.hisparse.spills import Spills
 
 from .hisparse_model import ALL, BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv
 
@@ -24,6 +25,8 @@ class RowModel(Model):
     """The model, with a ``ResidentRow`` told what happens and asked what to do."""
 
     r: ResidentRow = field(default_factory=ResidentRow)
+    s: Spills = field(default_factory=lambda: Spills(MAX_LEN // BS))
+    key: int = 0  # the request (a new one after each free)
     unpins: list[int] = field(default_factory=list)
 
     def sync(self) -> None:  # (the step grew the row, and may have taken the hot region)
@@ -41,10 +44,12 @@ class RowModel(Model):
 
     def plan(self, sealed: int) -> None:
         self.sync()
-        planned = self.r.plan(sealed, max(MAX_LEN // BS - len(self.to_send), 0))
+        planned = self.r.plan(sealed, self.s.budget)
+        tids = self.s.plan(self.key, planned)
         known = set(self.pending)
         super().plan(sealed)
-        assert [self.pending[t] for t in sorted(set(self.pending) - known)] == planned
+        assert sorted(set(self.pending) - known) == tids and [self.pending[t] for t in tids] == planned
+        assert self.s.to_send == self.to_send
 
     def unpin(self, page: int) -> None:
         before = len(self.unpinned)
@@ -60,6 +65,11 @@ class RowModel(Model):
         super().update_residency()
         assert self.seen.get("asked for hot", 0) - asked == asks
         self.apply_unpins(expected)
+
+    def report(self, enqueued: dict[int, int], completed: dict[int, int]) -> list[int]:
+        done = self.s.report(enqueued, completed)
+        assert super().report(enqueued, completed) == done
+        return done
 
     def confirm(self, transfers: list[int]) -> None:
         pages = [self.pending[t] for t in sorted(transfers) if t in self.pending]
@@ -77,7 +87,12 @@ class RowModel(Model):
         row, busy, hot = list(self.row), len(self.orphans), len(self.hot)
         before = len(self.gpu)
         split = self.r.free()
+        detached = self.s.detach(self.key)
+        orphans = set(self.orphans)
         super().free()
+        assert sorted(set(self.orphans) - orphans) == detached
+        assert all(self.s.page_of(t)[0] is None for t in self.orphans)
+        self.key += 1
         after = list(self.gpu)
         tail = [row[p] for p in split.to_tail]
         assert after[len(after) - len(tail):] == tail and len(after) >= before + len(tail)
@@ -88,6 +103,10 @@ class RowModel(Model):
 
     def check(self) -> None:
         self.r.check_invariants()
+        self.s.check_invariants()
+        assert self.s.in_flight == len(self.pending) + len(self.orphans)
+        assert self.s.has_work() == bool(self.to_send or self.pending or self.orphans)
+        assert all(self.s.page_of(t) == (self.key, p) for t, p in self.pending.items())
         lost = [p for p, b in enumerate(self.row) if not b]
         assert self.r.pages(HOST) == lost
         assert self.r.pages(UNPINNED) == sorted(self.unpinned.values())
@@ -108,6 +127,7 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
             if total > m.computed:
                 m.step(total)
         elif op in ("confirm", "halve"):
+            assert m.s.take() == m.to_send
             m.to_send = []
             chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
             m.report({t: 1 if op == "confirm" else 2 for t in chosen}, {t: 1 for t in chosen})
@@ -181,3 +201,24 @@ def test_check_invariants_finds_a_broken_row() -> None:
     row._states[0], row._states[2] = CLEAN, HOST
     with pytest.raises(InvariantError, match="among the last"):
         row.check_invariants()
+
+
+def test_spills_refuse_caller_mistakes_before_any_change_and_ignore_stale_reports() -> None:
+    s = Spills(2)
+    assert s.plan("a", [0, 1]) == [0, 1] and s.budget == 0
+    for call in (lambda: s.plan("b", [2]), lambda: s.report({0: -1}, {}), lambda: s.report({}, {1: "1"}),
+                 lambda: s.page_of(2)):
+        with pytest.raises(RequestError):
+            call()
+        assert s.to_send == [0, 1] and s.in_flight == 2
+    assert s.take() == [0, 1] and s.budget == 2
+    assert s.report({0: 2, 1: 1, 7: 1}, {0: 1, 7: 1}) == []  # (7: no such copy, ignored)
+    assert s.report({0: 1}, {1: 1}) == [1]  # (0: two workers, as first reported)
+    assert s.report({}, {0: 1}) == [0]
+    assert s.report({0: 1}, {0: 1}) == [] and not s.has_work()  # (stale: ignored)
+    s.plan("b", [3])
+    assert s.detach("b") == [2] and s.page_of(2) == (None, 3) and s.has_work()
+    s.check_invariants()
+    s.to_send.append(9)
+    with pytest.raises(InvariantError, match="not in flight"):
+        s.check_invariants()
