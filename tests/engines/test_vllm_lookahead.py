@@ -27,6 +27,7 @@ pytest.importorskip("torch")
 
 from .test_vllm_lookahead_model import ALPHABET, BS  # noqa: E402
 from .test_vllm_plugin import config, full  # noqa: E402
+from .test_vllm_reprefill import live_call  # noqa: E402
 
 
 def _pair(lookahead: int, prefill_lookahead: int, **options: Any) -> tuple[Any, Any]:
@@ -76,22 +77,8 @@ def test_prefixkv_keys_blocks_with_their_lookahead_tokens_as_vllm(lookahead, pre
                 assert m.allocate_slots(r, chunk, hit, blocks) is not None
             r.num_computed_tokens = hit + chunk
             live[r.request_id] = r
-        elif op < 0.5:  # the scheduler's cache_blocks (a step's outputs)
-            r = live[rng.choice(sorted(live))]
-            for m in managers:
-                m.cache_blocks(r, r.num_computed_tokens)
-        elif op < 0.8:
-            r = live[rng.choice(sorted(live))]
-            if r.num_computed_tokens == r.num_tokens:  # decode: a sampled token
-                r.append_output_token_ids(rng.randrange(ALPHABET))
-            n = rng.randint(1, r.num_tokens - r.num_computed_tokens)
-            for m in managers:
-                assert m.allocate_slots(r, n) is not None
-            r.num_computed_tokens += n
-        else:
-            r = live.pop(rng.choice(sorted(live)))
-            for m in managers:
-                m.free(r)
+        else:  # cache_blocks, a step, a free
+            r = live_call(rng, op, managers, live)
         if r.request_id in live:
             model.allocate(list(r.all_token_ids), r.num_computed_tokens)
         _agree(managers, model, live, lookahead, serial)
