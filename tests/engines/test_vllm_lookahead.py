@@ -119,6 +119,8 @@ def test_what_lookahead_hashing_does_not_offer_is_refused_by_name():
     with pytest.raises(UnsupportedByPrefixKV, match="lookahead hashing"):  # (beside a window)
         KVCacheManager(config(full(PBS), window(), num_blocks=40), hash_block_size=PBS,
                        **{**kw, "scheduler_block_size": PBS})
+    with pytest.raises(UnsupportedByPrefixKV, match="lookahead hashing"):  # (a block of 1 token)
+        KVCacheManager(config(full(1), num_blocks=40), hash_block_size=1, **{**kw, "scheduler_block_size": 1})
     ours = KVCacheManager(config(full(BS), num_blocks=40), hash_block_size=BS, **kw)
     r = _request("r", list(range(3 * BS)), 1, ours)
     with pytest.raises(UnsupportedByPrefixKV, match="delay_cache_blocks"):
