@@ -2,7 +2,7 @@
 multi-module MTP's ``num_prefill_lookahead`` = P) on one full-attention group: prefixkv's
 plug-in (integrations/vllm/lookahead.py) beside vLLM's own ``KVCacheManager`` and
 tests/lookahead_model.py on random request streams (chunked prompts, decode steps that
-append a sampled token, the scheduler's ``cache_blocks``, frees). After every call these
+append a sampled token, the scheduler's ``cache_blocks``, frees, preemptions). After every call these
 agree: admission hits, the hit a probe of every live request's tokens finds, the free
 block counts, and which of every live request's block hashes ``get_cached_block``
 finds (docs/lookahead.md). And what stays refused, by name. Needs vllm installed."""
@@ -77,11 +77,31 @@ def test_prefixkv_keys_blocks_with_their_lookahead_tokens_as_vllm(lookahead, pre
                 assert m.allocate_slots(r, chunk, hit, blocks) is not None
             r.num_computed_tokens = hit + chunk
             live[r.request_id] = r
+        elif op > 0.93:  # preempted, then admitted again with its outputs
+            r = live[rng.choice(sorted(live))]
+            _readmit(r, managers, model)
         else:  # cache_blocks, a step, a free
             r = live_call(rng, op, managers, live)
         if r.request_id in live:
             model.allocate(list(r.all_token_ids), r.num_computed_tokens)
         _agree(managers, model, live, lookahead, serial)
+
+
+def _readmit(r: Any, managers: tuple[Any, Any], model: LookaheadModel) -> None:
+    """vLLM's preemption (``free``, the count set back to 0), then the request's
+    admission again, whole: its hit as the reference's."""
+    from vllm.v1.request import RequestStatus
+
+    for m in managers:
+        m.free(r)
+    r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
+    r.num_preemptions += 1
+    found = [m.get_computed_blocks(r)[:2] for m in managers]
+    hit = model.hit(list(r.all_token_ids))
+    assert [h for _, h in found] == [hit, hit], list(r.all_token_ids)
+    for m, (blocks, _) in zip(managers, found, strict=True):
+        assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, r.num_tokens
 
 
 def _agree(managers: tuple[Any, Any], model: LookaheadModel, live: dict[str, Any], lookahead: int,
