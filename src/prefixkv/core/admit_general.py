@@ -83,6 +83,20 @@ def _admit(
                            prompt_token_ids) if len(hits) < limit else None
         if wait is not None:
             return wait
+    return self._admitted(request_id, req, hits, claimed, fetch, reused, d, num_new_tokens,
+                          resumed, num_lookahead_tokens, require_full_fit, keep_free)
+
+
+def _admitted(
+    self: KVCacheManager, request_id: Hashable, req: Request, hits: list[Block],
+    claimed: int | None, fetch: Fetch | None, reused: tuple[Request, list[Block], int] | None,
+    d: int | None, num_new_tokens: int | None, resumed: bool, num_lookahead_tokens: int,
+    require_full_fit: bool, keep_free: int,
+) -> Admission | None:
+    """``_admit`` from the found prefix on (its arguments checked, no fetch started):
+    ``hits`` of request ``req`` (``claimed``: how many the claim unlinked; ``fetch``: the
+    request's fetch that ended, ``reused``/``d``: ``reuse``'s answer, if any)."""
+    n, bs = len(req.tokens), self.block_size
     num_cached = len(hits) * bs
     num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
     total = num_cached + num_new
