@@ -97,7 +97,8 @@ class StoreWaits:
             kinds = list(map(type, hits))
             d = kinds.count(Block)  # device hits; the run lands on the device when they
             on_device = kinds[:d].count(Block) == d  # come first (the host's go up at the start)
-            held = [h for h in hits if type(h) is HostSlot]
+            held = (hits[d:] if on_device  # (then the rest are host slots: no comprehension,
+                    else [h for h in hits if type(h) is HostSlot])  # a function made and called)
         else:
             d, on_device, held = 0, True, None
         n = limit - first  # (not ``min``: its keyword parsing is machine code of its own,
