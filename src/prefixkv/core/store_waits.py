@@ -104,11 +104,11 @@ class StoreWaits:
         n = limit - first  # (not ``min``: its keyword parsing is machine code of its own,
         if link.max_fetch < n:  # cold after a fetch: store25-r23.md)
             n = link.max_fetch
-        free = host.num_free
-        if free < n:
+        free = len(host._empty) + host._cached.size  # (``num_free``s inline: no property
+        if free < n:  # call, a frame pushed from C, cold after a fetch)
             n = free
         if on_device:  # (the pool short: the run lands in host slots alone)
-            room = pool.num_free - (first - d)
+            room = len(pool._empty) - pool._lo + pool._cached.size - (first - d)
             on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
