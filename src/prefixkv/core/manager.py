@@ -121,7 +121,6 @@ class KVCacheManager:
     cached_block_id = lookups.cached_block_id
     block_probe = lookups.block_probe
     _admit = admit_general._admit
-    _admitted = admit_general._admitted
     _readmit = store_readmit._readmit
     _start = store_start._start
     _acquire_loading = admit_general._acquire_loading

@@ -8,8 +8,8 @@ for no fetch (``StoreWaits.take``), finds the prefix without a claim (a store's
 admission walks: ``_find``) and hands what it found to ``StoreWaits.start``; here that
 is one function, in its order, with the same effects: the request made as
 ``new_request`` makes it, the walk, the start. A start that answers None (not worth
-it, no slot, the executor refused) goes on as ``_admit`` does after it
-(``_admitted``). tests/store/test_start_path.py runs both on the same states.
+it, no slot, the executor refused) goes on as ``_admit`` does after it (``_admit``
+given what was found). tests/store/test_start_path.py runs both on the same states.
 """
 
 from __future__ import annotations
@@ -51,5 +51,4 @@ def _start(self: KVCacheManager, request_id: Hashable, p: Prompt) -> Admission |
         wait = self._waits.start(req, hits, chunks, limit, p)  # type: ignore[union-attr]
         if wait is not None:
             return wait
-    return self._admitted(request_id, req, hits, None, None, None, None, None, False, 0,
-                          False, 0)
+    return self._admit(request_id, p, None, None, False, True, 0, False, 0, None, (req, hits))
