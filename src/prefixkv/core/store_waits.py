@@ -111,7 +111,7 @@ class StoreWaits:
             room = len(pool._empty) - pool._lo + pool._cached.size - (first - d)
             on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)
         now = link.store.clock()
-        if n <= 0 or not link.worth(n, now):
+        if n <= 0 or now < link.quiet_until or not link._worth(n, now):  # (``worth``, inline)
             return None
         if held:  # pinned for this step: no reservation takes a slot the request hits
             host.hold(held)
@@ -170,7 +170,10 @@ class StoreWaits:
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
-        return store_wait(req.request_id, len(slots))
+        w: StoreWait = _new(StoreWait)  # (``store_wait``, inline: no frame, cold)
+        _set(w, "request_id", req.request_id)
+        _set(w, "num_blocks", len(slots))
+        return w
 
     def take(self, request_id: Hashable) -> Fetch | StoreWait | None:
         """At a re-admission: the request's fetch once it ended (``cancel`` it once the
