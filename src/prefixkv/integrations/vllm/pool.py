@@ -35,6 +35,9 @@ class Blocks:
     def __init__(self, num_blocks: int, num_groups: int, offset: int, refs: RefCount) -> None:
         self.offset, self._refs = offset, refs
         self.table: list[KVCacheBlock] = [self.fresh(i) for i in range(num_blocks)]
+        # the object of prefixkv block id i is ``at(i)`` (``table[i + offset]``; the table
+        # is never changed): ``of`` maps a group's ids in one C pass, not bytecodes an id
+        self._at: Callable[[int], KVCacheBlock] = self.table[offset:].__getitem__
         self.null_block = self.table[0]
         self.empty = KVCacheBlocks(tuple(() for _ in range(num_groups)))
 
@@ -50,8 +53,8 @@ class Blocks:
         every group is empty, as vLLM's manager returns it)."""
         if not any(ids):
             return self.empty
-        table, k = self.table, self.offset
-        return KVCacheBlocks(tuple([table[i + k] for i in g] for g in ids))
+        at = self._at
+        return KVCacheBlocks(tuple([*map(at, g)] for g in ids))
 
     def core_ids(self, block_ids: Iterable[int]) -> set[int]:
         """prefixkv's block ids of vLLM block ids (vLLM's null block, and any below the
