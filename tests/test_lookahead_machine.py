@@ -9,6 +9,8 @@ reference's (a large pool: nothing is evicted, so the reference's cached set is 
 core's); trust: every block an admission serves holds KV computed from the reader's own
 tokens, the ``L`` after the block included (``KVModel``). A second machine with a small
 pool (blocks evicted) checks trust and that a hit is never longer than the reference's.
+Both also fork, rewind (tokens stay known: a key never changes) and take decode steps
+(``append_step``, refused by name when a token would key a block before its lookahead).
 """
 
 from __future__ import annotations
@@ -268,3 +270,21 @@ def test_what_lookahead_keys_do_not_offer_is_refused(options):
         LookaheadKVCacheManager(16, 4, hash_lookahead_tokens=1, **options)
     with pytest.raises(ConfigError, match="hash_lookahead_tokens"):
         LookaheadKVCacheManager(16, 4, hash_lookahead_tokens=0)
+
+
+def test_a_rewind_into_a_blocks_lookahead_keeps_its_key():
+    """A rewind takes back scheduled tokens, never known ones: block 0 (4 tokens, keyed
+    with tokens 4 and 5 after it) stays cached when the request goes back to 5 tokens,
+    found only by a reader whose tokens 4 and 5 are the same; block 1 leaves the cache
+    and is keyed again, with the same tokens, once scheduled again."""
+    m = LookaheadKVCacheManager(64, 4, hash_lookahead_tokens=2)
+    tokens = list(range(12))
+    m.add_request("a", tokens, num_new_tokens=10)
+    assert m.lookup(tokens) == 8
+    m.rewind("a", 5)
+    assert m.num_tokens("a") == 12 and m.num_scheduled_tokens("a") == 5
+    assert m.lookup(tokens) == 4
+    assert m.lookup(tokens[:5] + [99] + tokens[6:]) == 0  # (another token 5: block 0 not found)
+    m.extend("a", 5)
+    assert m.lookup(tokens) == 8
+    m.check_invariants()
