@@ -9,6 +9,8 @@ reference's (a large pool: nothing is evicted, so the reference's cached set is 
 core's); trust: every block an admission serves holds KV computed from the reader's own
 tokens, the ``L`` after the block included (``KVModel``). A second machine with a small
 pool (blocks evicted) checks trust and that a hit is never longer than the reference's.
+Both also fork, rewind (tokens stay known: a key never changes) and take decode steps
+(``append_step``, refused by name when a token would key a block before its lookahead).
 """
 
 from __future__ import annotations
@@ -101,6 +103,102 @@ class LookaheadMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
+    def schedule_tail(self, data):
+        self._make_whole(data.draw(st.sampled_from(sorted(self.reqs))))
+
+    def _make_whole(self, rid):
+        """Every known token computed and scheduled, when the last ones fill no block
+        (the core allows it: no block is keyed without its lookahead); whether it is."""
+        tokens, _ = self.reqs[rid]
+        n, have = len(tokens), self.m.num_scheduled_tokens(rid)
+        if n // self.bs > max(0, n - self.L) // self.bs:
+            return False
+        if have < n and self.m.extend(rid, n - have) is None:
+            return False
+        self.reqs[rid] = (tokens, n)
+        self._cache(rid)
+        return True
+
+    def _whole(self):
+        """The live requests whose known tokens are all computed and scheduled (made so
+        where the core allows it)."""
+        return [r for r in sorted(self.reqs) if self._make_whole(r)]
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def fork(self, data):
+        """A child shares the parent's full blocks (its tokens, its keys)."""
+        whole = self._whole()
+        if not whole:
+            return
+        parent = data.draw(st.sampled_from(whole))
+        rid = self.next_id
+        self.next_id += 1
+        if self.m.fork(parent, rid) is None:  # (the small pool's machine)
+            return
+        tokens, computed = self.reqs[parent]
+        full = computed // self.bs
+        assert self.m.get_block_ids(rid)[:full] == self.m.get_block_ids(parent)[:full]
+        self.reqs[rid] = (list(tokens), computed)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def append_step(self, data):
+        """A decode step of one token each; refused (RequestError, nothing changed) when
+        a request's token would schedule a block whose lookahead is not known."""
+        whole = self._whole()
+        if not whole:
+            return
+        rids = data.draw(st.lists(st.sampled_from(whole), min_size=1, unique=True))
+        new = data.draw(st.lists(st.integers(0, 3), min_size=len(rids), max_size=len(rids)))
+        ends = {r: len(self.reqs[r][0]) + 1 for r in rids}
+        early = [r for r in rids if ends[r] // self.bs > max(0, ends[r] - self.L) // self.bs]
+        before = {r: (self.m.num_tokens(r), self.m.num_scheduled_tokens(r)) for r in rids}
+        if early:
+            with pytest.raises(RequestError, match="lookahead"):
+                self.m.append_step(rids, new)
+            assert before == {r: (self.m.num_tokens(r), self.m.num_scheduled_tokens(r)) for r in rids}
+            return
+        got = self.m.append_step(rids, new)
+        for rid, t in zip(rids, new, strict=True):
+            if rid not in got.short:
+                tokens, _ = self.reqs[rid]
+                self.reqs[rid] = (tokens + [t], len(tokens) + 1)
+                self._cache(rid)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def rewind(self, data):
+        """The request set back to ``back`` scheduled tokens (its tokens stay known): its
+        full blocks from there (and their cached descendants) leave the cache, their KV
+        to be computed again; refused while another request holds one of them."""
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        tokens, _ = self.reqs[rid]
+        have = self.m.num_scheduled_tokens(rid)
+        back = data.draw(st.integers(0, have))
+        mine = self.m.get_block_ids(rid)[back // self.bs:have // self.bs]
+        others = {b for r in self.reqs if r != rid for b in self.m.get_block_ids(r)}
+        if others.intersection(mine):
+            with pytest.raises(RequestError, match="held by other requests"):
+                self.m.rewind(rid, back)
+            assert self.m.num_scheduled_tokens(rid) == have
+            return
+        # the keys whose cached block is this request's (another block of equal content,
+        # computed beside it, leaves the key cached) leave the cache, with their descendants
+        ids = self.m.get_block_ids(rid)
+        gone = [self.model.key(tokens, i) for i in range(back // self.bs, have // self.bs)
+                if self.m.cached_block_id(tokens, (i + 1) * self.bs) == ids[i]]
+        self.m.rewind(rid, back)
+        for key in list(self.model.cached):
+            if any(k is not None and key[:len(k)] == k for k in gone):
+                self.model.cached.discard(key)
+                self.kv.written.pop(key, None)
+        self.reqs[rid] = (tokens, back)
+        for other in self.reqs:  # (a block of equal content another request computed
+            self._cache(other)  # serves the key again, as in vLLM's hash-to-blocks map)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
     def free(self, data):
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
         self.m.free(rid)
@@ -172,3 +270,21 @@ def test_what_lookahead_keys_do_not_offer_is_refused(options):
         LookaheadKVCacheManager(16, 4, hash_lookahead_tokens=1, **options)
     with pytest.raises(ConfigError, match="hash_lookahead_tokens"):
         LookaheadKVCacheManager(16, 4, hash_lookahead_tokens=0)
+
+
+def test_a_rewind_into_a_blocks_lookahead_keeps_its_key():
+    """A rewind takes back scheduled tokens, never known ones: block 0 (4 tokens, keyed
+    with tokens 4 and 5 after it) stays cached when the request goes back to 5 tokens,
+    found only by a reader whose tokens 4 and 5 are the same; block 1 leaves the cache
+    and is keyed again, with the same tokens, once scheduled again."""
+    m = LookaheadKVCacheManager(64, 4, hash_lookahead_tokens=2)
+    tokens = list(range(12))
+    m.add_request("a", tokens, num_new_tokens=10)
+    assert m.lookup(tokens) == 8
+    m.rewind("a", 5)
+    assert m.num_tokens("a") == 12 and m.num_scheduled_tokens("a") == 5
+    assert m.lookup(tokens) == 4
+    assert m.lookup(tokens[:5] + [99] + tokens[6:]) == 0  # (another token 5: block 0 not found)
+    m.extend("a", 5)
+    assert m.lookup(tokens) == 8
+    m.check_invariants()

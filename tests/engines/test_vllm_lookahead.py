@@ -149,3 +149,82 @@ def test_what_lookahead_hashing_does_not_offer_is_refused_by_name():
     off = KVCacheManager(config(full(BS), num_blocks=40), hash_block_size=BS,
                          **{**kw, "enable_caching": False})
     assert off.allocate_slots(r, r.num_tokens) is not None
+
+
+def _spec_step(rng: random.Random, r: Any, managers: tuple[Any, Any], model: LookaheadModel,
+               drafts: int) -> list[int] | None:
+    """A speculative decode step as vLLM's scheduler makes it: ``drafts`` draft tokens
+    (``spec_token_ids``, not among the request's tokens) scheduled after its pending
+    sampled token with ``num_lookahead_tokens`` slots for the next drafts; then the
+    first ``a`` drafts accepted, the rest rejected (``num_computed_tokens`` set back by
+    them), the accepted ones and a bonus token appended (the reference caches at the
+    call, with the tokens known then: the drafts are not among them). Returns the tokens the request
+    had with every draft after them, when one was rejected."""
+    if r.num_computed_tokens == r.num_tokens:  # (the pending sampled token)
+        r.append_output_token_ids(rng.randrange(ALPHABET))
+    if r.num_tokens - r.num_computed_tokens != 1:  # (a prefill still in its chunks)
+        return None
+    r.spec_token_ids = [rng.randrange(ALPHABET) for _ in range(drafts)]
+    n = r.num_tokens_with_spec - r.num_computed_tokens
+    for m in managers:
+        assert m.allocate_slots(r, n, num_lookahead_tokens=drafts) is not None
+    r.num_computed_tokens += n
+    model.allocate(list(r.all_token_ids), r.num_computed_tokens)
+    accepted = rng.randint(0, drafts)
+    bonus = rng.randrange(ALPHABET)
+    out = [*r.spec_token_ids[:accepted], bonus]
+    r.num_computed_tokens -= drafts - accepted
+    took = [*r.all_token_ids, *r.spec_token_ids] if accepted < drafts else None
+    r.spec_token_ids = []
+    for t in out:
+        r.append_output_token_ids(t)
+    return took
+
+
+@pytest.mark.parametrize(("lookahead", "prefill_lookahead", "drafts"),
+                         [(1, 0, 1), (1, 0, 3), (2, 0, 2), (3, 3, 3)])
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_speculative_steps_key_only_accepted_tokens_as_vllm(lookahead, prefill_lookahead, drafts, seed):
+    """Draft tokens accepted and rejected (EAGLE/MTP's steps): a block is keyed with
+    the tokens after it that the request kept, never a rejected draft, as vLLM's hashes
+    are; so a later request whose tokens after a block are the rejected drafts finds it
+    only where vLLM does (every probe, both managers and the reference alike)."""
+    rng = random.Random(seed)
+    managers = _pair(lookahead, prefill_lookahead)
+    model = LookaheadModel(BS, lookahead, prefill_lookahead)
+    live: dict[str, Any] = {}
+    rejected: list[list[int]] = []
+    for serial in range(30):
+        op = rng.random()
+        if op < 0.3 or not live:
+            tokens = [rng.randrange(ALPHABET) for _ in range(rng.randint(1, 5 * BS))]
+            if rejected and rng.random() < 0.5:  # (a prompt that goes on with rejected drafts)
+                tokens = rng.choice(rejected) + tokens[:BS]
+            r = _request(f"r{serial}", tokens, lookahead, managers[0])
+            found = [m.get_computed_blocks(r)[:2] for m in managers]
+            hit = model.hit(list(r.all_token_ids))
+            assert [h for _, h in found] == [hit, hit], (serial, list(r.all_token_ids))
+            for m, (blocks, _) in zip(managers, found, strict=True):
+                got = m.allocate_slots(r, r.num_tokens - hit, hit, blocks, num_lookahead_tokens=drafts)
+                assert got is not None
+            r.num_computed_tokens = r.num_tokens
+            live[r.request_id] = r
+        elif op < 0.8:
+            r = live[rng.choice(sorted(live))]
+            took = _spec_step(rng, r, managers, model, drafts)
+            if took is not None:
+                rejected.append(took)
+            _agree(managers, model, live, lookahead, serial)
+            continue
+        elif op < 0.9:
+            r = live[rng.choice(sorted(live))]
+            for m in managers:
+                m.cache_blocks(r, r.num_computed_tokens)
+        else:
+            r = live.pop(rng.choice(sorted(live)))
+            for m in managers:
+                m.free(r)
+        if r.request_id in live:
+            model.allocate(list(r.all_token_ids), r.num_computed_tokens)
+        _agree(managers, model, live, lookahead, serial)
