@@ -55,3 +55,16 @@ def rules_agree(plain: Any, twin: Any, tokens: Any, extra: Any = None) -> bool:
     """Whether vLLM's rule (``plain``) and prefixkv's (``twin``) cache the same keys of
     ``tokens``' prefixes. Then a lookup of ``tokens`` must give the same hit on both."""
     return prefix_keys(plain, tokens, extra) == prefix_keys(twin, tokens, extra)
+
+
+def held_prefixes(held: Any, tokens: Any) -> set[Any]:
+    """Of the ``(group, prefix tokens)`` a manager holds cached (as its events say),
+    those that are prefixes of ``tokens``."""
+    return {(g, p) for g, p in held if tuple(tokens[:len(p)]) == p}
+
+
+def twin_events(entries: Any) -> list[Any]:
+    """Announced entries ``(stored, group, prefix, ...)`` (or a one-item clear) as the
+    reference's events: ``("stored" | "removed", (group, None, prefix))``."""
+    return [("cleared",) if len(e) == 1 else ("stored" if e[0] else "removed", (e[1], None, e[2]))
+            for e in entries]
