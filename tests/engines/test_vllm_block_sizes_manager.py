@@ -11,8 +11,10 @@ withdrawn entry by group, kind, prefix and size; a partial tail entry, one hash 
 of a full-attention group larger than the hash block, by its parent and tokens too:
 vLLM's ``cache_partial_block``, groups/sized.py ``_tail``). Prompts are cut to a
 multiple of the lcm at random (where partial tails are), and on a small pool every
-request is freed, so entries are evicted and withdrawn (there the run stops at the
-first spare freed: from then on vLLM evicts other blocks, so hits differ). A spare is a
+request is freed, so entries are evicted and withdrawn (from the first spare freed on
+vLLM evicts other blocks, so hits may differ: a stream with lookahead slots stops there;
+one without goes on, prefixkv's manager held to the reference of its twin rule, the
+test's own docstring). A spare is a
 second block computing a prefix its group holds (a request recomputing the unaligned
 tail of a hit): prefixkv announces it not, vLLM does, so the events are compared entry
 by entry until the first spare, and from there by the whole-block entries each side
