@@ -11,8 +11,10 @@ withdrawn entry by group, kind, prefix and size; a partial tail entry, one hash 
 of a full-attention group larger than the hash block, by its parent and tokens too:
 vLLM's ``cache_partial_block``, groups/sized.py ``_tail``). Prompts are cut to a
 multiple of the lcm at random (where partial tails are), and on a small pool every
-request is freed, so entries are evicted and withdrawn (there the run stops at the
-first spare freed: from then on vLLM evicts other blocks, so hits differ). A spare is a
+request is freed, so entries are evicted and withdrawn (from the first spare freed on
+vLLM evicts other blocks, so hits may differ: a stream with lookahead slots stops there;
+one without goes on, prefixkv's manager held to the reference of its twin rule, the
+test's own docstring). A spare is a
 second block computing a prefix its group holds (a request recomputing the unaligned
 tail of a hit): prefixkv announces it not, vLLM does, so the events are compared entry
 by entry until the first spare, and from there by the whole-block entries each side
@@ -44,6 +46,9 @@ skip_module_without_vllm()
 pytest.importorskip("torch")
 
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+
+from sized_model import SizedModel  # noqa: E402
+from twin_model import Written, held_prefixes, twin_events  # noqa: E402
 
 from .test_vllm_block_sizes_reference import LAYOUTS, PROMPT, _request, _vllm, group_specs  # noqa: E402
 
@@ -121,12 +126,24 @@ def learn(prefixes, hashes, tokens, hash_size):
                               st.sampled_from([0, 0, 1, 5, 17]), st.booleans()), min_size=1, max_size=6),
        probe=PROMPT)
 def test_the_manager_gives_vllms_hits_block_ids_and_events_per_group(layout, num_blocks, runs, probe):
+    """Past a freed spare (where streams without lookahead slots go on): prefixkv's
+    manager is held to the reference of its twin rule (tests/sized_model.py
+    ``twins=True``, tests/twin_model.py) after every call: tables, free order, free
+    blocks, hits (ids too) and events (as a multiset a call); to vLLM's where the rules
+    agree: the same hit when both hold the same whole-block entries of the prompt's
+    prefixes, and every block either names in a hit holds the prompt's KV. (The
+    reference has no lookahead slots: a stream with some stops at the first spare
+    freed on the small pool, as before.)"""
     groups = LAYOUTS[layout]
     hash_size = reduce(math.gcd, (b for b, _ in groups))
     lcm = reduce(math.lcm, (b for b, _ in groups))
     v = _vllm(groups, hash_size, lcm, events=True, num_blocks=num_blocks)
     m, shift = ours(groups, num_blocks)
     assert m.block_size == lcm
+    group_sizes = [b for b, _ in groups]
+    twin = None if any(run[4] for run in runs) else SizedModel(groups, num_blocks - shift, hash_size, lcm,
+                                                               null=not shift, twins=True)
+    kv = (Written(group_sizes, m.null_block_id), Written(group_sizes, 0))  # (mine, theirs)
     exact = True  # no spare freed
     twinned = False  # a spare made, or a partial tail entry held by two blocks (prefixkv
     # announces an entry once, by its first holder, as it announces a prefix once a group;
@@ -137,7 +154,7 @@ def test_the_manager_gives_vllms_hits_block_ids_and_events_per_group(layout, num
     theirs: dict = {}
     mine: dict = {}
     counts: tuple = (Counter(), Counter())  # (mine, theirs): (group, prefix) -> copies announced
-    group_sizes = [b for b, _ in groups]
+    held_now: list = [set(), set()]
 
     def same_events(r):
         learn(theirs, r.block_hashes, r.all_token_ids, hash_size)
@@ -146,53 +163,91 @@ def test_the_manager_gives_vllms_hits_block_ids_and_events_per_group(layout, num
         want = entries(v.take_events(), theirs, group_sizes, hash_size)
         if not twinned:
             assert got == want, (r.request_id, got, want)
+        held_now[:] = held(counts[0], got, group_sizes), held(counts[1], want, group_sizes)
         if exact:
-            assert held(counts[0], got, group_sizes) == held(counts[1], want, group_sizes), r.request_id
+            assert held_now[0] == held_now[1], r.request_id
+        if twin is not None:
+            assert Counter(twin_events(got)) == Counter(twin.events), (r.request_id, got, twin.events)
+            twin.events = []
+
+    def same_state(r, done):
+        nonlocal exact
+        exact = not emptied
+        if twin is not None:
+            assert m.free_block_order() == list(twin.free)
+            assert m.num_free_blocks == len(twin.free)
+            for rid in twin.reqs:
+                assert [list(g) for g in m.get_block_ids(rid)] == twin.reqs[rid].tables, rid
+        if done == r.num_computed_tokens:  # (the same hit: the same table lengths)
+            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+        kv[0].wrote(m.get_block_ids(r.request_id), r.all_token_ids, done)
+        kv[1].wrote(v.get_block_ids(r.request_id), r.all_token_ids, r.num_computed_tokens)
+        same_events(r)
+
+    def same_hit(tokens, hit, ids):
+        got = m.lookup(tokens)
+        if exact or held_prefixes(held_now[0], tokens) == held_prefixes(held_now[1], tokens):
+            assert got == hit, (tokens, got, hit)
+        kv[1].check_hit(ids, tokens)
+        kv[0].check_hit(m.lookup_block_ids(tokens), tokens)
+        if twin is not None:
+            assert got == twin.hit(tokens, None)[0]
+            assert [list(g) for g in m.lookup_block_ids(tokens)] == twin.hit(tokens, None)[1]
+        return got
 
     for i, (tokens, chunk, decode, free, ahead, aligned) in enumerate(runs):
         tokens = tokens[:len(tokens) // lcm * lcm] if aligned and len(tokens) >= lcm else tokens
         if num_blocks < 400:  # (every request freed: entries evicted, in the same order until a spare)
             free = True
-            if not exact:
+            if not exact and twin is None:
                 return
         r = _request(f"r{i}", tokens, hash_size)
         blocks, hit, *_ = v.get_computed_blocks(r)
-        assert m.lookup(tokens) == hit
+        got_hit = same_hit(tokens, hit, blocks.get_block_ids() if hit else [[]] * len(groups))
         step = min(chunk, len(tokens) - hit)
         assert v.allocate_slots(r, step, hit, blocks, num_lookahead_tokens=ahead) is not None
         got = m.add_request(r.request_id, tokens, num_new_tokens=chunk, num_lookahead_tokens=ahead)
-        assert got is not None and got.num_cached_tokens == hit
+        assert got is not None and got.num_cached_tokens == got_hit
+        done = got_hit + min(chunk, len(tokens) - got_hit)
+        if twin is not None:
+            assert twin.add(r.request_id, tokens, None, done - got_hit) == got_hit
         r.num_computed_tokens = hit + step
         while True:
             twinned = twinned or any(m._index.twins) or any(n > 1 for n in m._index.tails.held.values())
-            exact = not emptied
-            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
-            same_events(r)
+            same_state(r, done)
             step = min(chunk, len(tokens) - r.num_computed_tokens)
-            if not step:
+            more = min(chunk, len(tokens) - done)
+            if not step and not more:
                 break
-            assert v.allocate_slots(r, step) is not None
-            assert m.extend(r.request_id, step) is not None
-            r.num_computed_tokens += step
+            if step:
+                assert v.allocate_slots(r, step) is not None
+                r.num_computed_tokens += step
+            if more:
+                assert m.extend(r.request_id, more) is not None
+                assert twin is None or twin.grow(r.request_id, more)
+                done += more
         for t in range(decode):  # (tokens of this request's own: no other computes them)
             r.append_output_token_ids(1000 + 50 * i + t)
             assert v.allocate_slots(r, 1) is not None
             assert m.append_tokens(r.request_id, [1000 + 50 * i + t]) is not None
+            assert twin is None or twin.grow(r.request_id, 1, [1000 + 50 * i + t])
             r.num_computed_tokens += 1
+            done += 1
             twinned = twinned or any(m._index.twins) or any(n > 1 for n in m._index.tails.held.values())
-            exact = not emptied
-            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
-            same_events(r)
+            same_state(r, done)
         if free:
             v.free(r)
             m.free(r.request_id)
+            if twin is not None:
+                twin.free_request(r.request_id)
             exact = not emptied
             same_events(r)
-        assert m.num_free_blocks == v.block_pool.get_num_free_blocks()
+        if exact or twin is None:
+            assert m.num_free_blocks == v.block_pool.get_num_free_blocks()
         m.check_invariants()
     r = _request("probe", probe, hash_size)
     blocks, hit, *_ = v.get_computed_blocks(r)
-    assert m.lookup(probe) == hit
     want = blocks.get_block_ids() if hit else [[]] * len(groups)
-    assert as_vllms(m, shift, m.lookup_block_ids(probe), exact) == \
-        [[b if exact or b == 0 else -1 for b in ids] for ids in want]
+    same_hit(probe, hit, want)
+    if exact:
+        assert as_vllms(m, shift, m.lookup_block_ids(probe), True) == [list(ids) for ids in want]

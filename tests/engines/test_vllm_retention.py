@@ -22,6 +22,9 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
+from sized_model import SizedModel  # noqa: E402
+from twin_model import Written, rules_agree  # noqa: E402
+
 from .test_vllm_block_sizes_reference import _request  # noqa: E402
 
 
@@ -143,15 +146,19 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
     """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout):
     prompts of shared stems admitted as vLLM's scheduler admits them (the junction
     ``get_computed_blocks`` reports kept on the request), prefilled in chunks, some
-    freed; both managers report the same hit and junction for every prompt sent and
-    give the same tables (block ids, null entries) and free queue, until a freed
-    request releases a twin: a block caching content another block caches too (a hit
-    cut short by the window recomputes full-attention blocks cached already). vLLM
-    keeps the twin cached at the queue's tail; prefixkv empties it (the free-duplicate
-    difference, groups.md), so from then on the two evict different blocks and may
-    report different hits and junctions (the explicit example: 96 on prefixkv, 0 on
-    vLLM, for the last prompt). Before the retention was applied prefixkv took 0 and
-    cached every window block (longer hits, no junction) and refused 64."""
+    freed. Each manager is held, after every call, to the reference of its free rule
+    (tests/sized_model.py; tests/twin_model.py): the same hit, junction, tables (block
+    ids, null entries) and free queue; vLLM's to ``twins=False``, the plug-in's to
+    ``twins=True``. Until a freed request releases a twin (a block caching content
+    another block caches too: a hit cut short by the window recomputes full-attention
+    blocks cached already) the two managers agree exactly too. vLLM keeps the twin
+    cached at the queue's tail; prefixkv empties it (the free-duplicate difference,
+    groups.md), so from then on the two evict different blocks and may report different
+    hits and junctions (the explicit example: 96 on prefixkv, 0 on vLLM, for the last
+    prompt). Past it they must still give the same hit where the two rules cache the
+    same keys of the prompt's prefixes, and every block a hit names on either holds the
+    prompt's KV. Before the retention was applied prefixkv took 0 and cached every
+    window block (longer hits, no junction) and refused 64."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.request import RequestStatus
@@ -159,44 +166,50 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
     init_none_hash(sha256)
     specs = (_full(32), _window(8, 8))
     sides = [_build("vllm", specs, interval), _build("prefixkv", specs, interval)]
-    live: list[tuple[Any, ...]] = []
+    groups = ((32, None), (8, 8))
+    models = [SizedModel(groups, 40, 8, 32, twins=twins, retention=interval) for twins in (False, True)]
+    kv = [Written([32, 8], 0), Written([32, 8], 0)]
+    live: list[tuple[str, list[Any], list[bool]]] = []
     for n, (stem, length, tail, chunk, free) in enumerate(ops):
         tokens = STEMS[stem][:length] + [7] * tail or [7]
         reqs = [_request(f"r{n}", tokens, 8) for _ in sides]
         found = [side.get_computed_blocks(r) for side, r in zip(sides, reqs, strict=True)]
-        assert found[0][1:] == found[1][1:], (tokens, found[0][1:], found[1][1:])
-        hit = found[0][1]
-        num_new = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
-        got = []
-        for side, r, (blocks, _, junction) in zip(sides, reqs, found, strict=True):
+        if not models[1].emptied or rules_agree(*models, tokens):
+            assert found[0][1] == found[1][1], (tokens, found[0][1:], found[1][1:])
+        admitted = []
+        for side, r, (blocks, hit, junction), model, written in zip(sides, reqs, found, models, kv,
+                                                                    strict=True):
+            assert hit == model.hit(tokens, None)[0], (tokens, hit)
+            written.check_hit(blocks.get_block_ids() if hit else [[], []], tokens)
+            num_new = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
+            if model.add(r.request_id, tokens, None, num_new) is None:
+                # (vLLM releases a window's blocks before it refuses; prefixkv does not)
+                assert side is sides[0] or side.allocate_slots(r, num_new, hit, blocks) is None
+                admitted.append(False)
+                continue
+            assert junction == model.reqs[r.request_id].junction, (tokens, junction)
             r.shared_prefix_boundary = junction
-            got.append(side.allocate_slots(r, num_new, hit, blocks))
+            assert side.allocate_slots(r, num_new, hit, blocks) is not None
             r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
-        assert (got[0] is None) == (got[1] is None)
-        if got[0] is None:
+            rid = r.request_id
+            table = [[0 if x.is_null else x.block_id for x in g] for g in side.get_blocks(rid).blocks]
+            assert table == model.reqs[r.request_id].tables
+            written.wrote(model.reqs[r.request_id].tables, tokens, hit + num_new)
+            admitted.append(True)
+        if not models[1].emptied:
+            assert admitted[0] == admitted[1]
+        if not any(admitted):
             continue
-        tables = [[[None if b.is_null else b.block_id for b in g] for g in side.get_blocks(f"r{n}").blocks]
-                  for side in sides]
-        assert tables[0] == tables[1]
-        live.append(reqs)
+        live.append((f"r{n}", reqs, admitted))
         while live and (free or len(live) > 2):
-            gone = live.pop(0)
-            twin = _frees_a_twin(sides[0], gone[0].request_id)
-            for side, r in zip(sides, gone, strict=True):
-                side.free(r)
+            rid, gone, held = live.pop(0)
+            for side, r, model, was in zip(sides, gone, models, held, strict=True):
+                if was:
+                    side.free(r)
+                    model.free_request(rid)
             free = False
             queues = [[b.block_id for b in side.block_pool.free_block_queue.get_all_free_blocks()]
                       for side in sides]
-            if twin:  # (the same free blocks, in another order: compared no further)
-                assert sorted(queues[0]) == sorted(queues[1])
-                return
-            assert queues[0] == queues[1]
-
-
-def _frees_a_twin(vllms: Any, request_id: str) -> bool:
-    """Whether freeing ``request_id`` on vLLM's manager releases a block's last
-    reference while another block caches the same content (vLLM's map lists both)."""
-    twins = vllms.block_pool.cached_block_hash_to_block._cache
-    return any(not b.is_null and b.ref_cnt == 1 and b.block_hash is not None
-               and isinstance(twins.get(b.block_hash), dict)
-               for g in vllms.get_blocks(request_id).blocks for b in g)
+            assert queues == [list(model.free) for model in models]
+            if not models[1].emptied:
+                assert queues[0] == queues[1]
