@@ -39,3 +39,19 @@ def test_a_fetch_that_gave_its_blocks_back_holds_nothing(backend, layout):
     assert m.add_request("b", A).num_cached_tokens == 12
     assert m._waits.held.holders == set()
     m.check_invariants()
+
+
+def test_a_fetch_whose_run_lost_the_race_holds_nothing_once_landed(backend, layout):
+    # c computes A while b's fetch runs: the landing finds c's blocks, so the run lands
+    # in the host slots alone and the fetch's device blocks go back, all of them
+    m, ex, _ = setup(backend, layout, host_blocks=3)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    m.add_request("c", A, read_cache=False)
+    m.take_kv_ops()
+    ex.run()
+    assert m.poll_store() == ["b"]
+    assert m._waits.held.holders == set()
+    assert m._waits.held.holds() == []
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
