@@ -55,3 +55,19 @@ def test_a_fetch_whose_run_lost_the_race_holds_nothing_once_landed(backend, layo
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12
     m.check_invariants()
+
+
+def test_a_landed_fetch_that_gave_up_its_whole_run_holds_nothing(backend, layout):
+    # the run landed on the device; its first block turns out invalid before b's
+    # re-admission: the fetch gives the whole run up (``store_giveup._cut`` at 0)
+    m, ex, _ = setup(backend, layout, host_blocks=3)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    first = f.devices[0].block_id
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.take_kv_ops()
+    m.uncache_blocks([first])
+    assert m._waits.held.holders == set()
+    assert m._waits.held.holds() == []
+    m.check_invariants()
