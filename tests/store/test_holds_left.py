@@ -11,12 +11,19 @@ from .test_shared_store import A
 from .test_store_fetch import setup
 
 
-def test_a_fetch_whose_blocks_the_readmission_took_holds_nothing(backend, layout):
+def _landed(backend, layout):
+    """A manager whose fetch for b (A's 3 blocks, on the device) landed; the fetch."""
     m, ex, _ = setup(backend, layout, host_blocks=3)
     assert m.add_request("b", A) == StoreWait("b", 3)
-    assert len(m._waits.held.holders) == 1            # the run's blocks and the tail
+    f = m._waits.waiting["b"]
+    assert m._waits.held.holders == {f}               # the run's blocks and the tail
     ex.run()
     assert m.poll_store() == ["b"]
+    return m, f
+
+
+def test_a_fetch_whose_blocks_the_readmission_took_holds_nothing(backend, layout):
+    m, _ = _landed(backend, layout)
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12
     assert m._waits.held.holders == set()             # the request holds them now
@@ -25,10 +32,7 @@ def test_a_fetch_whose_blocks_the_readmission_took_holds_nothing(backend, layout
 
 
 def test_a_fetch_that_gave_its_blocks_back_holds_nothing(backend, layout):
-    m, ex, _ = setup(backend, layout, host_blocks=3)
-    m.add_request("b", A)
-    ex.run()
-    assert m.poll_store() == ["b"]
+    m, _ = _landed(backend, layout)
     m.take_kv_ops()
     m.add_request("h", list(range(50, 66)), read_cache=False)   # the pool's other 4 blocks
     assert m.add_request("b", A, num_lookahead_tokens=4) is None   # short: given back
@@ -60,14 +64,9 @@ def test_a_fetch_whose_run_lost_the_race_holds_nothing_once_landed(backend, layo
 def test_a_landed_fetch_that_gave_up_its_whole_run_holds_nothing(backend, layout):
     # the run landed on the device; its first block turns out invalid before b's
     # re-admission: the fetch gives the whole run up (``store_giveup._cut`` at 0)
-    m, ex, _ = setup(backend, layout, host_blocks=3)
-    assert m.add_request("b", A) == StoreWait("b", 3)
-    f = m._waits.waiting["b"]
-    first = f.devices[0].block_id
-    ex.run()
-    assert m.poll_store() == ["b"]
+    m, f = _landed(backend, layout)
     m.take_kv_ops()
-    m.uncache_blocks([first])
+    m.uncache_blocks([f.devices[0].block_id])
     assert m._waits.held.holders == set()
     assert m._waits.held.holds() == []
     m.check_invariants()
