@@ -37,3 +37,17 @@ def test_a_probe_asked_deepest_first_after_its_last_block_went_finds_the_new_one
     want = [m.prefix_probe(P).ids(n) for n in (16, 12, 8, 4)]
     assert want[0] == (8, 5)
     assert [probe.ids(n) for n in (16, 12, 8, 4)] == want
+
+
+def test_a_probe_asked_deepest_first_after_its_last_two_prefixes_left_walks_from_the_one_before():
+    m = _manager()
+    probe = m.prefix_probe(P)
+    m.add_request("a", P)
+    assert [probe.ids(n) for n in (4, 8, 12, 16)] == [(1, 5), (2, 6), (3, 7), (4, 8)]
+    m.free("a")
+    m.add_request("c", [90] * 8)          # a's blocks of 12 and 16 (full and window)
+    m.free("c")
+    m.add_request("a2", P)
+    want = [m.prefix_probe(P).ids(n) for n in (16, 12, 8, 4)]
+    assert want[:2] == [(4, 9), (7, 3)]
+    assert [probe.ids(n) for n in (16, 12, 8, 4)] == want
