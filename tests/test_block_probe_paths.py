@@ -65,13 +65,20 @@ def test_a_count_off_the_block_grid_or_outside_the_prompt_is_refused(n):
         probe.copies(n)
 
 
-def test_a_walk_after_every_block_found_was_evicted_starts_again_from_the_root():
-    m = KVCacheManager(6, BS)
+def _found_then_freed(num_blocks):
+    """A manager of ``num_blocks`` where "a" computed PROMPTS[4] (16 tokens) in blocks
+    0..3, a probe of it that found them, and "a" freed: (manager, prompt, probe)."""
+    m = KVCacheManager(num_blocks, BS)
     p = PROMPTS[4]
     probe = m.block_probe(p)
     m.add_request("a", p)
     assert [probe.at(n) for n in _sizes(p)] == [0, 1, 2, 3]
     m.free("a")
+    return m, p, probe
+
+
+def test_a_walk_after_every_block_found_was_evicted_starts_again_from_the_root():
+    m, p, probe = _found_then_freed(6)
     for i in range(3):  # (other prompts take every block a left)
         m.add_request(f"c{i}", [90 + i] * 8)
         m.free(f"c{i}")
@@ -82,12 +89,7 @@ def test_a_walk_after_every_block_found_was_evicted_starts_again_from_the_root()
 
 
 def test_a_walk_goes_on_from_the_deepest_block_found_that_still_holds_its_prefix():
-    m = KVCacheManager(5, BS)
-    p = PROMPTS[4]
-    probe = m.block_probe(p)
-    m.add_request("a", p)
-    assert [probe.at(n) for n in _sizes(p)] == [0, 1, 2, 3]
-    m.free("a")
+    m, p, probe = _found_then_freed(5)
     m.add_request("c", [90] * 8)   # the empty block 4, then a's tail block 3
     m.add_request("d", [91] * 4)   # a's block 2
     m.free("c")

@@ -14,6 +14,16 @@ def _manager():
     return HybridKVCacheManager([full_attention(), sliding_window(2 * BS)], 10, BS)
 
 
+def _found_then_freed():
+    """"a" computed P, a probe found its prefixes, "a" freed: (manager, probe)."""
+    m = _manager()
+    probe = m.prefix_probe(P)
+    m.add_request("a", P)
+    assert [probe.ids(n) for n in (4, 8, 12, 16)] == [(1, 5), (2, 6), (3, 7), (4, 8)]
+    m.free("a")
+    return m, probe
+
+
 def test_copies_per_group_and_none_past_the_groups_or_for_nothing_found():
     m = _manager()
     probe = m.prefix_probe(P)
@@ -26,11 +36,7 @@ def test_copies_per_group_and_none_past_the_groups_or_for_nothing_found():
 
 
 def test_a_probe_asked_deepest_first_after_its_last_block_went_finds_the_new_one():
-    m = _manager()
-    probe = m.prefix_probe(P)
-    m.add_request("a", P)
-    assert [probe.ids(n) for n in (4, 8, 12, 16)] == [(1, 5), (2, 6), (3, 7), (4, 8)]
-    m.free("a")
+    m, probe = _found_then_freed()
     m.add_request("c", [90] * 4)          # the empty block 9, then a's full block 4
     m.free("c")
     m.add_request("a2", P)                # computes the last block again
@@ -40,11 +46,7 @@ def test_a_probe_asked_deepest_first_after_its_last_block_went_finds_the_new_one
 
 
 def test_a_probe_asked_deepest_first_after_its_last_two_prefixes_left_walks_from_the_one_before():
-    m = _manager()
-    probe = m.prefix_probe(P)
-    m.add_request("a", P)
-    assert [probe.ids(n) for n in (4, 8, 12, 16)] == [(1, 5), (2, 6), (3, 7), (4, 8)]
-    m.free("a")
+    m, probe = _found_then_freed()
     m.add_request("c", [90] * 8)          # a's blocks of 12 and 16 (full and window)
     m.free("c")
     m.add_request("a2", P)
