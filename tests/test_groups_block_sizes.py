@@ -230,9 +230,10 @@ def test_random_calls_keep_the_sized_manager_sound(layout, pool, ops):
         elif op == "d":
             for t in range(x + 1):  # (decode steps: each request's token is its own)
                 ready = [q for q in live if m.num_scheduled_tokens(q) == m.num_tokens(q)]
+                held = {q: m.get_block_ids(q) for q in ready}  # (this step's: earlier ones grew)
                 step = m.append_step(ready, [100 + 10 * q + t % 10 for q in ready])
                 for q in step.short:
-                    assert m.get_block_ids(q) == before[0][q]
+                    assert m.get_block_ids(q) == held[q]
                 m.check_invariants()
             got = True
         elif op == "r" and r in live:

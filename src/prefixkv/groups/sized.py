@@ -170,16 +170,21 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
         return tuple(added)
     fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows) + len(marks))
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
-        k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows) + (g in marks)
+        ck = g in marks  # (then ``new[0]``, put at the entry before the step's end)
+        k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows) + ck
         new, fresh = fresh[:k], fresh[k:]
         self._index.own(g, new)
         if g in cows:
             partial.moved(self, req, g, new[0])
             new = new[1:]
         if g in holes:
-            table[blocks_for(total, self._group_sizes[g]) - 1] = new[0]
+            table[blocks_for(total, self._group_sizes[g]) - 1] = new[-1]
+        elif ck:
+            table += [None] * (m - k + 1) + new[1:]  # type: ignore[operator]
         else:
             table += [None] * (m - k) + new  # type: ignore[operator]
+        if ck:  # (also where ``reserve`` grew the table past it: that entry is empty)
+            table[blocks_for(total, self._group_sizes[g]) - 2] = new[0]
         added.append(tuple([b.block_id for b in new]))
     return tuple(added)
 
