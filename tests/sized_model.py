@@ -467,7 +467,8 @@ class SizedModel:
         """The checkpoint ``(position, entry)`` of a step from ``s`` to ``e`` in a Mamba
         group of ``b`` whose entries are ``ids`` (module docstring), or None."""
         c, j = (e - 1) // self.h * self.h, cdiv(e, b) - 2
-        if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b or (c - s) % self.ck_align:
+        if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b \
+                or (c - s) % self.ck_align:
             return None
         assert j >= len(ids) or ids[j] == self.null
         return c, j

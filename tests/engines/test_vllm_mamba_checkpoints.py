@@ -40,7 +40,8 @@ def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int, align: int = 0
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    specs = [replace(_spec(b, w), num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=align or hash_size)
+    specs = [replace(_spec(b, w), num_prefill_checkpoint_blocks=1,
+                     prefill_checkpoint_alignment=align or hash_size)
              if w == "mamba" else _spec(b, w) for b, w in groups]
     lcm = reduce(math.lcm, (b for b, _ in groups))
     return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=lcm,
