@@ -32,23 +32,32 @@ from ..core.block import Block, blocks_for
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
     from .request import GroupRequest
+    from .sizes import BlockSizes
 
     # request id -> (the step's end, [(group, position c, entry j)]): its last step's checkpoints
     Steps = dict[Hashable, tuple[int, list[tuple[int, int, int]]]]
+
+
+def position(sizes: BlockSizes, b: int, start: int, end: int) -> tuple[int, int] | None:
+    """Where a step from ``start`` to ``end`` checkpoints in a Mamba group of block size
+    ``b`` at ``sizes`` (module docstring), its table aside: ``(c, j)``, or None (none,
+    or checkpoints off)."""
+    h = sizes.hash_size
+    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
+    if not sizes.checkpoints or start % h or start + h > c or j <= (start - 1) // b \
+            or (c - start) % sizes.checkpoint_alignment:
+        return None
+    return c, j
 
 
 def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start: int,
        end: int) -> tuple[int, int] | None:
     """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
     whose table is ``table`` (before the step), or None (none, or checkpoints off)."""
-    if not self.sizes.checkpoints:
+    ck = position(self.sizes, self._group_sizes[g], start, end)
+    if ck is None or ck[1] < len(table) and table[ck[1]] is not None:
         return None
-    h, b = self._hash_size, self._group_sizes[g]
-    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
-    if start % h or start + h > c or j <= (start - 1) // b or (c - start) % self.sizes.checkpoint_alignment \
-            or j < len(table) and table[j] is not None:
-        return None
-    return c, j
+    return ck
 
 
 def count(self: HybridKVCacheManager, tables: Sequence[Sequence[Block | None]], start: int,

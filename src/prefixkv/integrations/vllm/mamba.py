@@ -20,6 +20,7 @@ from vllm.v1.request import Request
 
 from prefixkv.groups import BlockSizes
 
+from . import checkpoints
 from .layout import UnsupportedByPrefixKV
 from .slots import admission_prompt
 
@@ -127,12 +128,23 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
         return None
     before = hit if key is None else m.core.num_scheduled_tokens(key)
     moves = 0 if key is None else m.core.num_pending_copies(key)
+    sizes = m._mamba.sizes
+    rows = () if sizes is None or not sizes.checkpoints else \
+        m.core.get_block_ids(key) if key is not None else ((),) * len(sizes.sizes)  # (checkpoints.py)
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         after, tail = m.core.num_scheduled_tokens(key), (request.num_prompt_tokens - 1) // h * h
         if after // h > before // h:
-            m._mamba.note(request, m.get_block_ids(request.request_id), before // h * h, after // h * h, 0)
+            now = m.get_block_ids(request.request_id)
+            if rows and sizes is not None:  # (a checkpoint inside a block: its entry only)
+                sparse = [g in m._mamba.groups for g in range(len(now))]
+                now = tuple(list(ids) for ids in now)
+                c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
+                                      request.shared_prefix_boundary)
+                if c:
+                    m._mamba.note_tail(request, c)
+            m._mamba.note(request, now, before // h * h, after // h * h, 0)
         pending = m.core.num_pending_copies(key)
         if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
             m._mamba.note_tail(request, tail)
