@@ -109,9 +109,9 @@ class CoordinatorView:
                 need += min(1, more) if sparse else more
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
-            if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                    core.num_scheduled_tokens(key), covered, core.null_block_id)
+                if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
+                    need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
+                                        core.num_scheduled_tokens(key), covered, core.null_block_id)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 

@@ -89,14 +89,10 @@ def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:
 def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: int
          ) -> tuple[tuple[int, ...], ...]:
     """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
-    to ``slots``; the blocks added per group (a Mamba group's: its table past its length
-    before, the null entries the step jumped over included, as vLLM returns them: the
-    worker appends them to its block table). The pool was checked."""
+    to ``slots``; the blocks added per group. The pool was checked."""
     core, hybrid = m.core, m._hybrid
     added: list[tuple[int, ...]] = [()] * m.num_kv_cache_groups  # (no closure: a decode step's)
     held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
-    sparse = m._mamba.groups
-    lengths = [len(ids) for ids in core.get_block_ids(key)] if sparse else ()
     if cache_to > scheduled:
         if min(cache_to, held) > scheduled:
             _took(added, core.extend(key, min(cache_to, held) - scheduled), hybrid)
@@ -106,10 +102,6 @@ def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: in
     if slots > scheduled:
         _took(added, core.reserve(key, slots - scheduled), hybrid)
     m._telemetry.on_allocated(added)
-    if sparse and any(added[g] for g in sparse):
-        now = core.get_block_ids(key)
-        for g in sparse:
-            added[g] = now[g][lengths[g]:]
     return tuple(added)
 
 
