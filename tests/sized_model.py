@@ -103,12 +103,15 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   lies past the one holding the step's initial state (``(s - 1) // b``) and is empty
   (``is_mamba_prefill_checkpoint_valid``): the step then takes one more block (after
   a copy on write's, before the one of its end) and puts it at ``j``, where the worker
-  writes the state at ``c``. It is cached as the state at ``c``: its own key when
-  ``c`` ends entry ``j``; else, when ``c`` is the prompt's last hash boundary, as an
-  entry of the prefix up to ``c`` (owned by nobody: no copy on write when the producer
-  goes on; the step records no partial tail entry then; with ``twins``, a spare of the
-  block already holding that prefix, if one does); else never (a transient
-  checkpoint, released with the step's other blocks below the next one's start).
+  writes the state at ``c``; with ``ck_align`` (vLLM's ``prefill_checkpoint_alignment``;
+  default ``h``) only when ``c - s`` is a multiple of it. It is cached as the state at
+  ``c``: its own key when ``c`` ends entry ``j``; else, when ``c`` is the prompt's last
+  hash boundary or the request's junction (``Req.junction``, vLLM's
+  ``shared_prefix_boundary``: ``junction``), as an entry of the prefix up to ``c``
+  (owned by nobody: no copy on write when the producer goes on; the step records no
+  partial tail entry then; with ``twins``, a spare of the block already holding that
+  prefix, if one does); else never (a transient checkpoint, released with the step's
+  other blocks below the next one's start).
 """
 
 from __future__ import annotations
@@ -151,11 +154,12 @@ class Req:
 
 class SizedModel:
     def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None,
-                 retained=(), partial=False, checkpoint=False, retention=None):
+                 retained=(), partial=False, checkpoint=False, retention=None, ck_align=None):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
         self.retention = retention  # (vLLM's prefix_cache_retention_interval: ``_reachable``)
         self.partial = partial
         self.checkpoint = checkpoint
+        self.ck_align = ck_align or hash_size  # (vLLM's ``prefill_checkpoint_alignment``)
         self.copies: list = []  # (source, copy) queued, both held until ``take_copies``' caller frees them
         self.retained = tuple(retained) or (0,) * len(self.groups)
         # (vLLM's groups of a flagged group's spec peek too)
@@ -213,19 +217,9 @@ class SizedModel:
         boundary ``L <= F`` whose prefix every Mamba group holds. Full attention's rows
         are the first ``cdiv(L, bf)`` of the blocks it found (the last the partial
         entry's block, found at ``F``, when ``L`` passes the run)."""
-        full = [g for g, (_, w) in enumerate(self.groups) if w is None]
         mamba = [g for g, (_, w) in enumerate(self.groups) if w == "mamba"]
-        bf = self.groups[full[0]][0]
-
-        def held(gs, end):
-            return all((g, extra, tuple(tokens[:end])) in self.holders for g in gs)
-
-        k = 0
-        while (k + 1) * bf <= limit and held(full, (k + 1) * bf):
-            k += 1
-        top = next((e for e in range(min(k * bf + bf - self.h, limit // self.h * self.h), k * bf, -self.h)
-                    if held(full, e)), k * bf)
-        end = next((e for e in range(top, 0, -self.h) if held(mamba, e)), 0)
+        k, top = self._full_run(tokens, extra, limit)
+        end = next((e for e in range(top, 0, -self.h) if self._held(mamba, tokens, extra, e)), 0)
         if not end:
             return 0, [[] for _ in self.groups]
         rows = []
@@ -237,6 +231,22 @@ class SizedModel:
                 found = self.holders[(g, extra, tuple(tokens[:end]))][0]
                 rows.append([self.null] * ((end - 1) // b) + [found])
         return end, rows
+
+    def _held(self, gs, tokens, extra, end):
+        return all((g, extra, tuple(tokens[:end])) in self.holders for g in gs)
+
+    def _full_run(self, tokens, extra, limit):
+        """With partial hits, full attention's own hit (``_fine_hit``): its ``k`` whole
+        blocks held, and ``top``, that run's end or a hash boundary inside the next
+        block whose prefix it holds as a partial entry."""
+        full = [g for g, (_, w) in enumerate(self.groups) if w is None]
+        bf = self.groups[full[0]][0]
+        k = 0
+        while (k + 1) * bf <= limit and self._held(full, tokens, extra, (k + 1) * bf):
+            k += 1
+        top = next((e for e in range(min(k * bf + bf - self.h, limit // self.h * self.h), k * bf, -self.h)
+                    if self._held(full, tokens, extra, e)), k * bf)
+        return k, top
 
     def take_copies(self):
         """The copies queued since the last call (source, copy); their blocks stay held
@@ -385,7 +395,8 @@ class SizedModel:
         if need > len(self.free):
             return None
         r = Req(list(tokens), extra, end, [], [], len(tokens),
-                junction=0 if self.retention is None else self.junction(tokens, extra, end))
+                junction=self.junction(tokens, extra, end) if self.retention is not None or self.checkpoint
+                else 0)
         for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
             skip = skipped(w, e, end) // b
             if self.partial and h and end % b:  # (a hit inside the block: copied on write)
@@ -456,7 +467,8 @@ class SizedModel:
         """The checkpoint ``(position, entry)`` of a step from ``s`` to ``e`` in a Mamba
         group of ``b`` whose entries are ``ids`` (module docstring), or None."""
         c, j = (e - 1) // self.h * self.h, cdiv(e, b) - 2
-        if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b:
+        if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b \
+                or (c - s) % self.ck_align:
             return None
         assert j >= len(ids) or ids[j] == self.null
         return c, j
@@ -520,9 +532,11 @@ class SizedModel:
 
     def _checkpointed(self, r, g):
         """The step's checkpoint at ``c`` inside entry ``j + 1``: an entry of the prefix
-        up to ``c`` on block ``j`` when ``c`` is the prompt's last hash boundary."""
+        up to ``c`` on block ``j`` when ``c`` is the prompt's last hash boundary or the
+        request's junction (vLLM's ``_cache_partial_tail_block`` keeps a checkpoint at
+        ``shared_prefix_boundary``)."""
         c, j = r.checkpoints[g]
-        if c % self.groups[g][0] == 0 or c != (r.prompt - 1) // self.h * self.h:
+        if c % self.groups[g][0] == 0 or c != (r.prompt - 1) // self.h * self.h and c != r.junction:
             return
         x, key = r.tables[g][j], (g, r.extra, tuple(r.tokens[:c]))
         if key not in self.keys[x] and x not in self.spares.get(key, ()):
@@ -645,10 +659,13 @@ class SizedModel:
         """vLLM's ``shared_prefix_boundary`` for a lookup of ``tokens`` whose hit is
         ``hit``: the hit the first set of groups of vLLM's lookup (full attention first,
         then in order; groups of one (size, window) together) alone serves at an
-        ``align`` boundary, when longer than ``hit``; else 0 (without EAGLE nor
-        partial hits)."""
+        ``align`` boundary (with partial hits: full attention's own fine hit, at the
+        hash block), when longer than ``hit``; else 0 (without EAGLE)."""
         first = next((s for s in self.groups if s[1] is None), self.groups[0])  # (vLLM sorts full first)
         limit = len(tokens) - 1
+        if self.partial:  # (full attention's own fine hit: ``_full_run``)
+            top = self._full_run(tokens, extra, limit)[1]
+            return top if top > hit else 0
         for end in range(limit - limit % self.align, hit, -self.align):
             if all(self.key(g, extra, tokens, j) in self.holders
                    for g, (b, w) in enumerate(self.groups) if (b, w) == first

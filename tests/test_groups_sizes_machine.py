@@ -46,12 +46,13 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
     partial = False  # (vLLM's fine-grained partial hits)
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
+    checkpoint_alignment: int | None = None  # (theirs, vLLM's prefill_checkpoint_alignment; None: hash)
     retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
 
     @initialize()
     def setup(self):
         sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial,
-                              checkpoints=self.checkpoints)
+                              checkpoints=self.checkpoints, checkpoint_alignment=self.checkpoint_alignment)
         retained = self.retained or (0,) * len(self.groups)
         specs = [full_attention() if w is None else mamba() if w == "mamba" else
                  sliding_window(w, e, retention=self.retention)
@@ -62,7 +63,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
                                       enable_events=True, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
                                 twins=True, peek=self.peek or None, retained=retained, partial=self.partial,
-                                checkpoint=self.checkpoints, retention=self.retention)
+                                checkpoint=self.checkpoints, retention=self.retention,
+                                ck_align=self.checkpoint_alignment)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -111,13 +113,15 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         return rid
 
     def _junction(self, prompt, extra, end):
-        """With a retention, vLLM's shared-prefix junction as the vLLM plug-in finds it
-        (the first full-attention group's own hit, ``lookup_per_group``, rounded down to
-        the lcm, when longer than the hit ``end``), the reference's; else 0."""
-        if self.retention is None:
+        """With a retention or checkpoints, vLLM's shared-prefix junction as the vLLM
+        plug-in finds it (the first full-attention group's own hit, ``lookup_per_group``,
+        rounded down to the lcm, or the hash block with partial hits, when longer than
+        the hit ``end``), the reference's; else 0."""
+        if self.retention is None and not self.checkpoints:
             return 0
         first = next(g for g, (_, w) in enumerate(self.groups) if w is None)
-        alone = self.m.lookup_per_group(prompt, extra=extra)[first] // self.m.block_size * self.m.block_size
+        unit = self.h if self.partial else self.m.block_size
+        alone = self.m.lookup_per_group(prompt, extra=extra)[first] // unit * unit
         junction = alone if alone > end else 0
         assert junction == self.model.junction(prompt, extra, end), (prompt, junction)
         return junction
@@ -352,16 +356,39 @@ class PartialWideMachine(SizedMachine):
     partial = True
 
 
-class CheckpointMachine(PartialMachine):
+class Junctions:
+    """A rule of the checkpoint machines: a prompt's first chunk ends just past its
+    junction (vLLM's ``shared_prefix_boundary``), so that it checkpoints there (which
+    vLLM then caches, transient or not: groups/checkpoints.py)."""
+
+    @rule(target=LIVE, pre=st.integers(0, len(PREFIXES) - 1), cut=st.integers(1, 48),
+          more=st.lists(st.integers(0, 9), max_size=20), over=st.integers(1, 4))
+    def add_past_junction(self, pre, cut, more, over):
+        prompt = PREFIXES[pre][:cut] + more + [0]
+        end = self.model.hit(prompt, None)[0]
+        junction = self.model.junction(prompt, None, end)
+        return self.add(prompt, None, junction - end + over if junction else None)
+
+
+class CheckpointMachine(Junctions, PartialMachine):
     """``PartialMachine`` with a chunk-end checkpoint block (groups/checkpoints.py)."""
 
     checkpoints = True
 
 
-class CheckpointWideMachine(PartialWideMachine):
+class CheckpointWideMachine(Junctions, PartialWideMachine):
     """``PartialWideMachine`` with chunk-end checkpoint blocks, two Mamba groups each."""
 
     checkpoints = True
+    extra_blocks = 7
+
+
+class CheckpointAlignedMachine(Junctions, PartialWideMachine):
+    """``CheckpointWideMachine`` with checkpoints two hash blocks apart from a step's
+    start (vLLM's ``prefill_checkpoint_alignment`` 8 beside hash blocks of 4)."""
+
+    checkpoints = True
+    checkpoint_alignment = 8
     extra_blocks = 7
 
 
@@ -406,3 +433,4 @@ TestPartialMachine = case(PartialMachine, max_examples=60, stateful_step_count=4
 TestPartialWideMachine = case(PartialWideMachine, max_examples=60, stateful_step_count=40)
 TestCheckpointMachine = case(CheckpointMachine, max_examples=60, stateful_step_count=40)
 TestCheckpointWideMachine = case(CheckpointWideMachine, max_examples=60, stateful_step_count=40)
+TestCheckpointAlignedMachine = case(CheckpointAlignedMachine, max_examples=60, stateful_step_count=40)

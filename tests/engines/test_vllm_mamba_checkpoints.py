@@ -32,31 +32,33 @@ from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import OP, PARTIAL, PROMPT, Pair, _drive, _pool  # noqa: E402
 
 
-def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int) -> Any:
+def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int, align: int = 0) -> Any:
     """vLLM's manager over ``groups``, every Mamba group with one checkpoint block
-    aligned to the hash block."""
+    aligned to ``align`` tokens (default: the hash block)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    specs = [replace(_spec(b, w), num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=hash_size)
+    specs = [replace(_spec(b, w), num_prefill_checkpoint_blocks=1,
+                     prefill_checkpoint_alignment=align or hash_size)
              if w == "mamba" else _spec(b, w) for b, w in groups]
     lcm = reduce(math.lcm, (b for b, _ in groups))
     return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=lcm,
                           hash_block_size=hash_size, enable_kv_cache_events=True)
 
 
-def scheduler_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
+def scheduler_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int, align: int = 0) -> int:
     """``n`` tokens from ``start`` (of ``total``, a prompt of ``prompt``) as vLLM's
     scheduler cuts them with Mamba blocks of ``step`` at hash block ``h``, checkpoint
-    blocks on (its own ``_mamba_block_aligned_split``, asked with these settings)."""
+    blocks on, aligned to ``align`` (default ``h``) (its own
+    ``_mamba_block_aligned_split``, asked with these settings, the request's junction 0)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     sched = SimpleNamespace(
         cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
         use_eagle_block_drop=False, num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True,
-        mamba_prefill_checkpoint_alignment=h, mamba_shared_prefix_checkpoint=False,
+        mamba_prefill_checkpoint_alignment=align or h, mamba_shared_prefix_checkpoint=False,
         max_num_scheduled_tokens=8192, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
     req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=total,
                           shared_prefix_boundary=0)
@@ -64,12 +66,20 @@ def scheduler_chunk(step: int, h: int, start: int, n: int, total: int, prompt: i
 
 
 class CheckpointPair(Pair):
-    """``Pair`` with partial hits and one checkpoint block per Mamba group on both sides."""
+    """``Pair`` with partial hits and one checkpoint block per Mamba group on both sides,
+    aligned to ``align`` tokens (default: the hash block). Each new request carries the
+    junction vLLM's ``get_computed_blocks`` reports (its ``shared_prefix_boundary``, as
+    vLLM's scheduler sets it), checked equal to the reference's. The chunks are the
+    scheduler's cut without its stop at the junction, so that checkpoints land on it
+    too (vLLM's unit tests reach its manager's rule there by calling ``allocate_slots``
+    directly)."""
 
-    def __init__(self, groups: Any, num_blocks: int) -> None:
+    def __init__(self, groups: Any, num_blocks: int, align: int = 0) -> None:
         super().__init__(groups, num_blocks, partial=True)
-        self.v = checkpoint_vllm(groups, self.h, num_blocks)
-        self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True, checkpoint=True)
+        self.align = align
+        self.v = checkpoint_vllm(groups, self.h, num_blocks, align)
+        self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True, checkpoint=True,
+                                ck_align=align)
 
     def _chunk(self, start: int, n: int, total: int, prompt: int = 0) -> int:
         """vLLM's scheduler's chunk, but one starting inside a Mamba block ends at its end:
@@ -77,16 +87,21 @@ class CheckpointPair(Pair):
         state at ``start``) as the state at its end, which prefixkv never does
         (``test_a_chunk_past_a_block_end_caches_it_on_vllm_only``)."""
         step = reduce(math.lcm, self.mamba)
-        n = max(1, scheduler_chunk(step, self.h, start, n, total, prompt))
+        n = max(1, scheduler_chunk(step, self.h, start, n, total, prompt, self.align))
         return min(n, step - start % step) if start % step else n
 
 
 @pytest.mark.parametrize("layout", list(PARTIAL))
 @settings(max_examples=60, deadline=None)
-@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
-def test_the_reference_checkpoints_as_vllms_manager(layout, extra, ops, probe):
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT,
+       scale=st.sampled_from([1, 1, 2, 3, 4]))
+def test_the_reference_checkpoints_as_vllms_manager(layout, extra, ops, probe, scale):
+    # (checkpoints aligned to the hash block, or to ``scale`` of them: vLLM's
+    # ``prefill_checkpoint_alignment``, which its tests set to 16 with hash blocks of 2)
     groups = PARTIAL[layout]
-    _drive(CheckpointPair(groups, _pool(groups, extra)), ops, probe)
+    pair = CheckpointPair(groups, _pool(groups, extra), 0 if scale == 1 else scale * reduce(math.gcd, (
+        b for b, _ in groups)))
+    _drive(pair, ops, probe)
 
 
 def test_a_chunk_past_a_block_end_caches_it_on_vllm_only():

@@ -4,8 +4,9 @@ fine-grained partial hits off: test_vllm_block_sizes_reference.py's ``MAMBA_LAYO
 One random stream of admissions (with their hits, in chunks that end at the Mamba blocks'
 ends or the prompt's, as vLLM's align-mode scheduler cuts them), prefill chunks, decode
 steps of one token and frees, each in a step of its own: after every call the two give
-the same answer, the same block ids in every group's table of every live request, the
-same free block count and the same hit (with its blocks and vLLM's shared-prefix
+the same answer (the blocks it returns: a Mamba group's null entries the step jumped
+over too), the same block ids in every group's table of every live request, the same
+free block count and the same hit (with its blocks and vLLM's shared-prefix
 junction) for a probe and for each live request's tokens and one more. The pool is
 large, or a little over one longest request (refusals and evictions). The run stops at
 prefixkv's first spare (a second block computing a prefix its group holds: vLLM keeps
@@ -132,10 +133,10 @@ class Sides:
             rid, got = f"r{self.serial}", []
             for m, reqs in zip(self.ms, self.reqs, strict=True):
                 r = _request(rid, a, self.h)
-                blocks, hit, *_ = m.get_computed_blocks(r)
+                blocks, hit, r.shared_prefix_boundary = m.get_computed_blocks(r)  # (as vLLM's scheduler)
                 n = self._chunk(hit, len(a) - hit if b is None else min(b, len(a) - hit), len(a), len(a))
                 out = m.allocate_slots(r, n, hit, blocks)
-                got.append((hit, out is None))
+                got.append((hit, None if out is None else [list(g) for g in out.get_block_ids()]))
                 if out is not None:
                     r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + n
                     reqs[rid] = r
@@ -152,8 +153,8 @@ class Sides:
                     n = 1
                 else:
                     return
-                out = m.allocate_slots(r, n)
-                got.append(out is None)
+                out = m.allocate_slots(r, n)  # (the blocks added: a Mamba group's null entries too)
+                got.append(None if out is None else [list(g) for g in out.get_block_ids()])
                 if out is not None:
                     r.num_computed_tokens += n
             assert got[0] == got[1], got

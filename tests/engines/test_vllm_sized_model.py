@@ -235,7 +235,7 @@ class Pair:
             assert len(fits) == 1  # (the twin rule refuses as vLLM's until it frees a twin)
             if fits != {True}:
                 return
-            if self.retention is not None:  # (vLLM's scheduler keeps the junction on the request)
+            if self.retention is not None or self.model.checkpoint:  # (vLLM's scheduler keeps it)
                 assert {m.reqs[rid].junction for m in self._models()} == {junction}
                 r.shared_prefix_boundary = junction
             assert self.v.allocate_slots(r, num_new, hit, blocks) is not None

@@ -76,7 +76,9 @@ def add_request(
     hash boundary (``Request.num_prompt_tokens``). Beside a window's ``retention``
     (``GroupSpec``), the blocks a hit reads at the prompt's last position (vLLM's replay
     boundary, ``num_prompt_tokens - 1``) and at ``junction`` (when > 0: vLLM's
-    ``shared_prefix_boundary``) stay cached; without one, ``junction`` does nothing.
+    ``shared_prefix_boundary``) stay cached; with Mamba's checkpoints
+    (``BlockSizes.checkpoints``) a checkpoint at ``junction`` is cached (groups/checkpoints.py);
+    otherwise ``junction`` does nothing.
 
     Returns the GroupAdmission, or None when the pool is short of blocks (nothing
     changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its

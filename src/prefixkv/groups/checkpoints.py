@@ -1,6 +1,6 @@
 """vLLM's chunk-end checkpoint blocks in the sized manager (``BlockSizes.checkpoints``,
 with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
-group, aligned to the hash block, with dense retention and no lookahead.
+group, with dense retention and no lookahead.
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
@@ -8,13 +8,15 @@ group, aligned to the hash block, with dense retention and no lookahead.
 
 A step from ``s`` to ``e`` checkpoints at ``c = (e - 1) // h * h`` when ``s`` is a
 multiple of ``h``, ``s + h <= c`` and entry ``j = cdiv(e, b) - 2`` lies past the one
-holding the step's initial state (``(s - 1) // b``) and is empty (vLLM's
+holding the step's initial state (``(s - 1) // b``) and is empty, and ``c - s`` is a
+multiple of ``BlockSizes.checkpoint_alignment`` (vLLM's
 ``is_mamba_prefill_checkpoint_valid`` and ``_needs_internal_checkpoint``): the step takes
 one more block per Mamba group (after a copy on write's, before its end block) and puts
 it at ``j``; the worker writes the state at ``c`` there. The block is recorded under
 its own key when ``c`` ends entry ``j`` (``GroupRequest.states``), else as an entry of
-the prefix up to ``c`` when ``c`` is the prompt's last hash boundary (nobody owns it: no
-copy on write when the producer goes on), else never (a transient checkpoint). A step
+the prefix up to ``c`` when ``c`` is the prompt's last hash boundary or the request's
+junction (vLLM's ``shared_prefix_boundary``, ``add_request(junction=)``; nobody owns
+it: no copy on write when the producer goes on), else never (a transient checkpoint). A step
 that checkpoints records no partial tail entry (``partial.tail``). The blocks go back
 with the step's others below the next step's start. Checked against vLLM's manager
 through tests/sized_model.py (``checkpoint``).
@@ -30,22 +32,32 @@ from ..core.block import Block, blocks_for
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
     from .request import GroupRequest
+    from .sizes import BlockSizes
 
     # request id -> (the step's end, [(group, position c, entry j)]): its last step's checkpoints
     Steps = dict[Hashable, tuple[int, list[tuple[int, int, int]]]]
+
+
+def position(sizes: BlockSizes, b: int, start: int, end: int) -> tuple[int, int] | None:
+    """Where a step from ``start`` to ``end`` checkpoints in a Mamba group of block size
+    ``b`` at ``sizes`` (module docstring), its table aside: ``(c, j)``, or None (none,
+    or checkpoints off)."""
+    h = sizes.hash_size
+    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
+    if not sizes.checkpoints or start % h or start + h > c or j <= (start - 1) // b \
+            or (c - start) % sizes.checkpoint_alignment:
+        return None
+    return c, j
 
 
 def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start: int,
        end: int) -> tuple[int, int] | None:
     """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
     whose table is ``table`` (before the step), or None (none, or checkpoints off)."""
-    if not self.sizes.checkpoints:
+    ck = position(self.sizes, self._group_sizes[g], start, end)
+    if ck is None or ck[1] < len(table) and table[ck[1]] is not None:
         return None
-    h, b = self._hash_size, self._group_sizes[g]
-    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
-    if start % h or start + h > c or j <= (start - 1) // b or j < len(table) and table[j] is not None:
-        return None
-    return c, j
+    return ck
 
 
 def count(self: HybridKVCacheManager, tables: Sequence[Sequence[Block | None]], start: int,
@@ -84,8 +96,10 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
 
 def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     """After the step ending at ``req.num_scheduled`` recorded its blocks: a checkpoint
-    at the prompt's last hash boundary inside its entry's successor is recorded as an
-    entry of the prefix up to it. Whether the step checkpointed (then no partial tail)."""
+    at the prompt's last hash boundary or at the request's junction (vLLM's
+    ``shared_prefix_boundary``: ``GroupRequest.marks``) inside its entry's successor is
+    recorded as an entry of the prefix up to it. Whether the step checkpointed (then no
+    partial tail)."""
     steps = self._checkpoints
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
@@ -94,7 +108,7 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     for g, c, j in got[1]:
         b = self._group_sizes[g]
         x = req.tables[g][j]
-        if c % b == 0 or c != tail or x is None:
+        if c % b == 0 or c != tail and c not in req.marks[1:] or x is None:  # (marks[1:]: the junction)
             continue
         node = req.nodes[c // h - 1]
         if node.lost or self._index.nodes[x.block_id] is node:
@@ -107,13 +121,13 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
 
 def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int]]:
     """The (group, entry) of the request's last step's checkpoints that ``record``
-    records as the prompt's last hash boundary (held until its next step releases them)."""
+    records inside a block (held until its next step releases them)."""
     steps = self._checkpoints
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
         return set()
     tail = (req.num_prompt - 1) // self._hash_size * self._hash_size
-    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and c == tail}
+    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

@@ -96,7 +96,7 @@ class HybridKVCacheManager:
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
     _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
-    _retains: bool  # some group has a retention (``GroupSpec.retention``: GroupRequest.marks)
+    _retains: bool  # requests keep GroupRequest.marks: a group's retention, or checkpoints' junction
     _least_new: int  # the fewest tokens an admission schedules (0 beside an uncached window)
     _record_kinds: tuple[int, ...]  # per group, how ``_record`` treats its blocks (parts.py)
     _config: tuple[object, ...]  # what ``prepare`` reads

@@ -81,7 +81,7 @@ def construct(
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
     self._uncached = not all(s.cached for s in specs)
-    self._retains = any(s.retention is not None for s in specs)
+    self._retains = any(s.retention is not None for s in specs) or sizes.checkpoints  # (GroupRequest.marks)
     self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)
     self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)

@@ -43,22 +43,26 @@ class BlockSizes:
     peek: tuple[bool, ...] = ()  # per group: it caches for peeking hits (vLLM's EAGLE); (): none
     partial: bool = False  # vLLM's fine-grained partial hits (groups/partial.py)
     checkpoints: bool = False  # vLLM's chunk-end checkpoint blocks (groups/checkpoints.py)
+    checkpoint_alignment: int = 0  # their alignment in tokens (vLLM's prefill_checkpoint_alignment)
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
-           peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False) -> BlockSizes:
+           peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False,
+           checkpoint_alignment: int | None = None) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
         ``partial``: vLLM's fine-grained partial hits (hits and caching at the hash
         block, Mamba states found inside their blocks: groups/partial.py, which the
         manager checks the groups against). ``checkpoints``: vLLM's chunk-end checkpoint
-        blocks, one per Mamba group at the hash block's alignment (groups/checkpoints.py;
-        with ``partial`` only). Raises ConfigError: no sizes, a size (or
-        ``hash_size``, ``align``) not a positive int, a size not a multiple of
-        ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
-        group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
-        without ``partial``."""
+        blocks, one per Mamba group (groups/checkpoints.py; with ``partial`` only), at
+        ``checkpoint_alignment`` tokens from a step's start (vLLM's
+        ``prefill_checkpoint_alignment``; None: the hash block). Raises ConfigError: no
+        sizes, a size (or ``hash_size``, ``align``, ``checkpoint_alignment``) not a
+        positive int, a size not a multiple of ``hash_size``, ``align`` not a multiple
+        of every size, ``peek`` not one bool per group, ``partial`` not a bool or with
+        ``peek``, ``checkpoints`` not a bool or without ``partial``,
+        ``checkpoint_alignment`` without ``checkpoints``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -80,7 +84,11 @@ class BlockSizes:
             raise ConfigError(f"partial must be a bool, and False with peek, got {partial!r}")
         if type(checkpoints) is not bool or (checkpoints and not partial):
             raise ConfigError(f"checkpoints must be a bool, and False without partial, got {checkpoints!r}")
-        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints)
+        if checkpoint_alignment is not None and not checkpoints:
+            raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
+        ck = 0 if not checkpoints else h if checkpoint_alignment is None else \
+            check_positive("checkpoint_alignment", checkpoint_alignment)
+        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck)
 
     @property
     def unit(self) -> int:
@@ -188,7 +196,7 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
     got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
-                        block_size.partial, block_size.checkpoints)
+                        block_size.partial, block_size.checkpoints, block_size.checkpoint_alignment or None)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")

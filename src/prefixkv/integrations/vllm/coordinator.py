@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
+from .checkpoints import step_blocks
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class CoordinatorView:
         self.enable_partial_hash_hits = layout.sizes.partial
         self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)
+        self._checkpoints = layout.sizes  # (Mamba's checkpoint blocks, when ``checkpoints``)
         self._one_size = layout.sizes.one_size
         self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
                                           for g, spec in enumerate(layout.specs))
@@ -107,6 +109,9 @@ class CoordinatorView:
                 need += min(1, more) if sparse else more
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
+                if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
+                    need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
+                                        core.num_scheduled_tokens(key), covered, core.null_block_id)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -117,10 +122,13 @@ class CoordinatorView:
                                    prefill_end: int = 0) -> int:
         """Blocks the request needs from the pool to cover ``num_tokens`` positions: for a
         live request, beyond those it holds; for a new one, every group's blocks less
-        the hit's (``new_computed_blocks``); a Mamba group takes one block at most."""
+        the hit's (``new_computed_blocks``); a Mamba group takes one block at most, and
+        one more where the step checkpoints (checkpoints.py)."""
         key = self._manager.key_of(request_id)
         if key is not None:
             return self.blocks_to_grow(key, num_tokens)
         hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
         fresh = [max(0, blocks_for(num_tokens, b) - h) for h, b in zip(hits, self._sizes, strict=False)]
-        return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False))
+        marks = step_blocks(self._checkpoints, self._sparse, ((),) * len(self._sparse), total_computed_tokens,
+                            num_tokens_main_model, None) if self._checkpoints.checkpoints else 0
+        return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks

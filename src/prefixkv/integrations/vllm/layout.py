@@ -111,15 +111,14 @@ def _group_of(spec: Any) -> GroupSpec:
 
 
 def _mamba_group(spec: MambaSpec) -> GroupSpec:
-    """A Mamba group in vLLM's ``align`` mode without speculative or prefill-checkpoint
-    blocks; refused otherwise, naming what is missing."""
+    """A Mamba group in vLLM's ``align`` mode without speculative blocks (its checkpoint
+    blocks: checkpoints.py); refused otherwise, naming what is missing."""
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"only, got {spec.mamba_cache_mode!r}")
-    for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
-        if getattr(spec, name):
-            raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's {name} "
-                                        f"(got {getattr(spec, name)}; 0 is offered)")
+    if spec.num_speculative_blocks:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
+                                    f"(got {spec.num_speculative_blocks}; 0 is offered)")
     return mamba()
 
 
@@ -127,10 +126,11 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                 dcp_world_size: int = 1, pcp_world_size: int = 1) -> Layout:
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
-    attention and align-mode Mamba (Mamba in another mode or with speculative or
-    prefill-checkpoint blocks, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
-    host pool, decode or prefill context parallelism (``dcp_world_size`` or
-    ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
+    attention and align-mode Mamba (Mamba in another mode or with speculative blocks,
+    prefill-checkpoint blocks where ``checkpoints.read_checkpoints`` refuses them,
+    HiSparse, encoder-only and cross-attention caches, ...), a HiSparse host pool,
+    decode or prefill context parallelism (``dcp_world_size`` or ``pcp_world_size``
+    > 1), and where the block sizes of groups, scheduler and hashes
     are not one (``_check_sizes``): groups of sizes that are not multiples of
     ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
     local attention, a single full-attention group of another size than the
@@ -162,8 +162,11 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
     flags = tuple(bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups)
+    from .checkpoints import read_checkpoints  # (it imports this module)
+    ck = read_checkpoints(kv_cache_config, partial)
     return Layout(groups, scheduler_block_size, kv_cache_config.num_blocks, specs,
-                  BlockSizes.of(sizes, hash_block_size, scheduler_block_size, partial=partial), flags)
+                  BlockSizes.of(sizes, hash_block_size, scheduler_block_size, partial=partial,
+                                checkpoints=ck is not None, checkpoint_alignment=ck), flags)
 
 
 def _check_sizes(groups: tuple[GroupSpec, ...], sizes: tuple[int, ...], scheduler: int, hashes: int) -> None:
@@ -237,7 +240,8 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
         sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek,
-                                                                    s.partial)
+                                                                    s.partial, s.checkpoints,
+                                                                    s.checkpoint_alignment or None)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

@@ -20,13 +20,14 @@ from vllm.v1.request import Request
 
 from prefixkv.groups import BlockSizes
 
+from . import checkpoints
 from .layout import UnsupportedByPrefixKV
 from .slots import admission_prompt
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["StepCache", "check_call", "junction", "noting"]
+__all__ = ["StepCache", "allocating", "check_call", "junction", "noting"]
 
 
 def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_computed_tokens: int) -> None:
@@ -54,6 +55,8 @@ class StepCache:
         blocks ``note`` and ``defers`` are given in, the hash block's too)."""
         self.partial = sizes is not None and sizes.partial
         """vLLM's fine-grained partial hits are on (groups/partial.py)."""
+        self.checkpoints = sizes is not None and sizes.checkpoints
+        """Mamba's chunk-end checkpoint blocks are on (checkpoints.py)."""
         self.first = first
         """The group vLLM's coordinator looks a hit up in first (full attention's, if
         any, else group 0): its own hit is ``junction``'s."""
@@ -99,6 +102,24 @@ class StepCache:
         return any((g, h) in self._cached for g in self.groups)
 
 
+def allocating(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
+    """``noting(m, request, hit, run)`` for ``allocate_slots``: for
+    a running request, the blocks it returns hold, in a Mamba group, its table past its
+    length before, the null entries the step jumped over included, as vLLM's
+    ``MambaManager`` returns them (the worker appends them to its block table). Called
+    for steps of two tokens or more (one jumps no entry)."""
+    key = m._keys.get(request.request_id)
+    if key is None:
+        return noting(m, request, hit, run)
+    lengths = [len(ids) for ids in m.core.get_block_ids(key)]
+    out = noting(m, request, hit, run)
+    if out is None or not any(out.get_block_ids()[g] for g in m._mamba.groups):
+        return out
+    now, k = m.core.get_block_ids(key), m._blocks.offset
+    return m._blocks.of(tuple(now[g][lengths[g]:] if g in m._mamba.groups else [i - k for i in ids]
+                              for g, ids in enumerate(out.get_block_ids())))
+
+
 def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     """``run()`` (an allocation or caching call on ``request``, whose new request has a
     hit of ``hit`` tokens), with the Mamba groups' cached blocks noted; None without
@@ -127,12 +148,21 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
         return None
     before = hit if key is None else m.core.num_scheduled_tokens(key)
     moves = 0 if key is None else m.core.num_pending_copies(key)
+    rows = _before(m, key) if m._mamba.checkpoints else ()  # (checkpoints.py)
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         after, tail = m.core.num_scheduled_tokens(key), (request.num_prompt_tokens - 1) // h * h
         if after // h > before // h:
-            m._mamba.note(request, m.get_block_ids(request.request_id), before // h * h, after // h * h, 0)
+            now = m.get_block_ids(request.request_id)
+            if rows and (sizes := m._mamba.sizes) is not None:  # (a checkpoint in a block: its entry)
+                sparse = [g in m._mamba.groups for g in range(len(now))]
+                now = tuple(list(ids) for ids in now)
+                c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
+                                      request.shared_prefix_boundary)
+                if c:
+                    m._mamba.note_tail(request, c)
+            m._mamba.note(request, now, before // h * h, after // h * h, 0)
         pending = m.core.num_pending_copies(key)
         if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
             m._mamba.note_tail(request, tail)
@@ -155,3 +185,8 @@ def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length
     if max_cache_hit_length is not None:
         alone = min(alone, max_cache_hit_length // unit * unit)
     return alone if alone > hit else 0
+
+
+def _before(m: KVCacheManager, key: int | None) -> Any:
+    """The tables of the request ``key`` before its step (none for a new request)."""
+    return m.core.get_block_ids(key) if key is not None else ((),) * m.num_kv_cache_groups

@@ -36,7 +36,7 @@ from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
 from .layout import UnsupportedByPrefixKV, build_core
-from .mamba import StepCache, check_call, noting
+from .mamba import StepCache, allocating, check_call, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -213,7 +213,9 @@ class KVCacheManager(StepCalls):
         out: KVCacheBlocks | None
         if self._mamba.groups:
             check_call(self, num_lookahead_tokens, num_external_computed_tokens)
-            out = noting(self, request, num_new_computed_tokens, partial(allocate, *args))
+            run = partial(allocate, *args)  # (a step of one token jumps no Mamba entry)
+            out = noting(self, request, num_new_computed_tokens, run) if num_new_tokens < 2 else \
+                allocating(self, request, num_new_computed_tokens, run)
         else:
             out = allocate(*args)
         if out is not None and self._zeroes:  # (zeroing.py)

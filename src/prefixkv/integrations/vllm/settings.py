@@ -52,7 +52,8 @@ class Settings:
     cached_groups: tuple[bool, ...]
     """The groups whose hits are looked up (vLLM's empty slot for the others)."""
     retains: bool
-    """Whether a window keeps blocks below its reach (vLLM's retention: slots.admit's junction)."""
+    """Whether admission passes vLLM's junction (slots.admit): a window keeps blocks below
+    its reach (vLLM's retention), or Mamba's checkpoints cache one there (checkpoints.py)."""
     junctions: bool
     """Whether a hit has a shared-prefix boundary: retention or a Mamba group (mamba.junction)."""
     uncached: bool
@@ -78,7 +79,7 @@ def read_settings(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, 
                   watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                   enable_caching=enable_caching)
     interval, layout = read_retention(kv_cache_config, layout, scheduler_block_size, use_eagle)
-    retains = any(g.retention is not None for g in layout.groups)
+    retains = any(g.retention is not None for g in layout.groups) or layout.sizes.checkpoints
     cached = tuple(g.cached for g in layout.groups)
     return layout, Settings(
         retention_interval=interval, block_size=layout.block_size, hash_block_size=layout.sizes.hash_size,

@@ -1,0 +1,89 @@
+"""Mamba's chunk-end checkpoint blocks (vLLM's ``MambaSpec.num_prefill_checkpoint_blocks``)
+through the plug-in: which layouts get them (``read_checkpoints``), the blocks a step
+takes for them (``step_blocks``: vLLM's ``get_num_blocks_to_allocate`` counts them) and
+the entries a step records inside a block (``inner``: vLLM notes their hashes as cached
+in the step, ``mamba.StepCache``).
+
+prefixkv's hybrid manager takes them (``BlockSizes.checkpoints``, groups/checkpoints.py,
+docs/groups.md "Chunk-end checkpoints") beside vLLM's fine-grained partial hits, with
+dense retention (vLLM's ``prefix_cache_retention_interval`` None: under sparse
+retention vLLM checkpoints a prompt's last chunk only) and no EAGLE, lookahead hashing
+nor speculative blocks (refused by ``options.check_options`` and ``layout._mamba_group``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
+
+from prefixkv.groups import BlockSizes
+from prefixkv.groups.checkpoints import position
+
+from .layout import UnsupportedByPrefixKV
+
+__all__ = ["inner", "read_checkpoints", "step_blocks"]
+
+
+def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | None:
+    """The alignment of the Mamba groups' checkpoints (their ``prefill_checkpoint_alignment``),
+    or None when they take none (no checkpoint blocks, or no alignment: vLLM's
+    ``is_mamba_prefill_checkpoint_valid`` is then never true). Raises
+    UnsupportedByPrefixKV for checkpoint blocks prefixkv does not serve: without vLLM's
+    fine-grained partial hits (``partial``), beside a retention interval, or not the same
+    in every Mamba group."""
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if type(g.kv_cache_spec) is MambaSpec]
+    got = {(s.num_prefill_checkpoint_blocks > 0, s.prefill_checkpoint_alignment) for s in specs}
+    if not any(on for on, _ in got):
+        return None
+    what = "prefixkv offers Mamba's chunk-end checkpoint blocks (num_prefill_checkpoint_blocks)"
+    if len(got) > 1:
+        raise UnsupportedByPrefixKV(f"{what} alike in every Mamba group only, got {sorted(got, key=str)}")
+    if not partial:
+        raise UnsupportedByPrefixKV(f"{what} with vLLM's fine-grained partial hits only (a Mamba "
+                                    f"block larger than the hash block beside full attention of the "
+                                    f"hash block's size; docs/groups.md)")
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is not None:
+        raise UnsupportedByPrefixKV(f"{what} with dense retention only (prefix_cache_retention_interval "
+                                    f"None; got {interval}: vLLM then checkpoints a prompt's last chunk "
+                                    f"only)")
+    alignment: int | None = next(iter(got))[1]
+    return alignment
+
+
+def _taken(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
+           end: int, null: Any) -> list[tuple[int, int, int]]:
+    """The Mamba groups (``sparse``) a step from ``start`` to ``end`` checkpoints in, with
+    each one's position and entry: those whose table (``rows``, before the step, vLLM's block ids
+    or none; ``null`` its null entry) is empty where the checkpoint goes."""
+    got = []
+    for g, is_sparse in enumerate(sparse):
+        ck = position(sizes, sizes.sizes[g], start, end) if is_sparse else None
+        if ck is not None and (ck[1] >= len(rows[g]) or rows[g][ck[1]] == null):
+            got.append((g, *ck))
+    return got
+
+
+def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
+                end: int, null: Any) -> int:
+    """How many checkpoint blocks a step from ``start`` to ``end`` takes (``_taken``)."""
+    return len(_taken(sizes, sparse, rows, start, end, null)) if sizes.checkpoints else 0
+
+
+def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[int]], start: int, end: int,
+          after: tuple[list[int], ...], prompt: int, junction: int) -> int:
+    """The checkpoints of a step from ``start`` to ``end`` (``_taken``, its tables
+    ``before`` and ``after`` it, vLLM's ids, 0 the null block's) of a request whose prompt
+    has ``prompt`` tokens and whose junction is ``junction``: each one inside a block is
+    set to 0 in ``after`` (vLLM notes no whole block there: it holds the state at the
+    checkpoint); the one recorded as an entry (at the prompt's last hash boundary or the
+    junction, the same in every group), or 0."""
+    h, got = sizes.hash_size, 0
+    for g, c, j in _taken(sizes, sparse, before, start, end, 0):
+        if c % sizes.sizes[g]:
+            after[g][j] = 0
+            if c in ((prompt - 1) // h * h, junction):
+                got = c
+    return got
