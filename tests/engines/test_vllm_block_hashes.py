@@ -33,6 +33,7 @@ torch = pytest.importorskip("torch")
 from prefixkv import RequestError  # noqa: E402
 
 from . import test_vllm_reference as ref  # noqa: E402
+from .test_vllm_block_hash_objects import compare_block_hashes  # noqa: E402
 from .test_vllm_block_objects import compare_counts  # noqa: E402
 from .test_vllm_hybrid_reference import _window  # noqa: E402
 from .test_vllm_plugin import config, full  # noqa: E402
@@ -100,6 +101,7 @@ def test_every_hash_gets_vllms_answer_until_a_block_is_removed(layout, num_block
                 s.note_events()
             _compare_hashes(sides)
             compare_counts(sides)  # (and every block object's ref_cnt is vLLM's)
+            compare_block_hashes(sides)  # (and its hash)
 
 
 def _sized(events: bool) -> list[Any]:

@@ -82,6 +82,13 @@ class ContentChains(Announcer):
         for run in list(self.run_counts.pending):
             self._settle(run)
 
+    def content_of(self, b: Block) -> int | None:
+        """The content id ``b`` holds findable (as its content's primary or a spare), None
+        when it holds none. Changes nothing but the writes of a pending run ``b`` is in."""
+        if self.run_counts.pending:
+            self._settle_near(b)
+        return b.content_id if b.key is not None else None
+
     def _settle_near(self, parent: Block) -> None:
         """Settle the pending run ``parent`` is a block of (but its last, written), or
         heads: new content recorded under ``parent`` reads and writes its ``child`` (and a

@@ -1,0 +1,130 @@
+"""The plug-in's ``KVCacheBlock`` objects beside vLLM 0.33's own (block_hash_view.py):
+``block_hash`` and ``block_hash_num_tokens`` of every block read from what prefixkv's
+block holds, equal to vLLM's.
+
+``compare_block_hashes``, which test_vllm_block_hashes.py's random stream (one
+full-attention group; full attention beside a sliding window; LoRA adapters, salts,
+images, remote loads, preemption, evictions) asks after every call: each live request's
+blocks, group by group and block by block, read vLLM's hash and token count, None
+where vLLM's read None; until either pool removes a block, so do the blocks the free
+queue lists, as a multiset. Here, directed: every copy of a prefix hashed (two requests
+computing it), a freed block keeping its hash, eviction (reuse, ``evict_blocks``)
+resetting it, popped blocks, a block whose request is gone refused, groups this view
+does not follow refused, and writes refused. Needs vllm."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from . import test_vllm_reference as ref  # noqa: E402
+from .test_vllm_hybrid_reference import _window  # noqa: E402
+from .test_vllm_plugin import full  # noqa: E402
+
+BS = ref.BS
+
+
+def _hashes(blocks: Any) -> list[tuple[bytes | None, int | None]]:
+    return [(b.block_hash, b.block_hash_num_tokens) for b in blocks]
+
+
+def compare_block_hashes(sides: tuple[ref.Side, ref.Side]) -> None:
+    """Both sides' block objects read the same hashes (the module's docstring says which)."""
+    ours, theirs = sides
+    for slot in ours.live & theirs.live:
+        r, v = ours.reqs[slot], theirs.reqs[slot]
+        if list(r.all_token_ids) == list(v.all_token_ids):
+            mine, vllms = (s.m.get_blocks(q.request_id).blocks for s, q in ((ours, r), (theirs, v)))
+            assert [_hashes(g) for g in mine] == [_hashes(g) for g in vllms], slot
+    if not (ours.evicted or theirs.evicted or ours.diverged):
+        _compare_free(ours.m.block_pool, theirs.m.block_pool)
+
+
+def _compare_free(mine: Any, vllms: Any) -> None:
+    """The free blocks' hashes, as multisets: prefixkv's are vLLM's, but a spare emptied
+    at its free reads None where vLLM keeps its copy cached (the free-duplicate
+    difference, docs/groups.md): another block still holds that key in vLLM's pool."""
+    ours = Counter(h for h in _hashes(mine.free_block_queue.get_all_free_blocks()) if h[0] is not None)
+    theirs = Counter(h for h in _hashes(vllms.free_block_queue.get_all_free_blocks()) if h[0] is not None)
+    assert not ours - theirs, (ours, theirs)
+    held = Counter(b.block_hash for b in vllms.blocks if b.block_hash is not None)
+    assert all(held[h] > 1 for h, _ in theirs - ours), (theirs - ours)
+
+
+def _admit(m: Any, r: Any, n: int | None = None) -> None:
+    from vllm.v1.request import RequestStatus
+
+    blocks, hit, _ = m.get_computed_blocks(r)
+    n = r.num_tokens - hit if n is None else n
+    assert m.allocate_slots(r, n, hit, blocks) is not None
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + n
+
+
+def _step(m: Any, r: Any, token: int) -> None:
+    r.append_output_token_ids(token)
+    assert m.allocate_slots(r, 1) is not None
+    r.num_computed_tokens += 1
+
+
+def _noted(s: ref.Side, rid: str, tokens: list[int]) -> Any:
+    r = ref._request(rid, tokens, None)
+    if hasattr(s.m, "prepared_prompts"):
+        s.m.prepared_prompts.note(r)
+    return r
+
+
+def _table(m: Any, rid: str) -> list[list[tuple[bytes | None, int | None]]]:
+    return [_hashes(g) for g in m.get_blocks(rid).blocks]
+
+
+def _pool(m: Any, ids: list[int]) -> list[tuple[bytes | None, int | None]]:
+    return _hashes(m.block_pool.blocks[i] for i in ids)
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_every_copy_is_hashed_and_a_freed_block_keeps_its_hash_until_reused(window):
+    sides = ref._managers(12, (full(BS), _window(2 * BS)) if window else None)
+    ms = [s.m for s in sides]
+    a, b = ([_noted(s, rid, list(range(BS + BS // 2))) for s in sides] for rid in "ab")
+    for m, x, y in zip(ms, a, b, strict=True):
+        _admit(m, x)
+        _admit(m, y)  # (a hit on block 0; block 1 its own)
+        for t in range(BS // 2):  # both compute the same block 1: two copies of one prefix
+            _step(m, x, 50 + t)
+            _step(m, y, 50 + t)
+    mine, vllms = ([_table(m, "a"), _table(m, "b")] for m in ms)
+    assert mine == vllms
+    assert mine[0] == mine[1] and all(h is not None for g in mine[0] for h, _ in g), mine
+    assert mine[0][0][1][1] == 2 * BS
+    ids = [[i for g in m.get_block_ids("a") + m.get_block_ids("b") for i in g if i] for m in ms]
+    for m, x in zip(ms, a, strict=True):
+        m.free(x)
+    assert _pool(ms[0], ids[0]) == _pool(ms[1], ids[1])  # (a's blocks kept cached; b's held)
+    for m, y in zip(ms, b, strict=True):
+        m.free(y)
+    _compare_free(*(m.block_pool for m in ms))
+    mine, vllms = (_pool(m, i) for m, i in zip(ms, ids, strict=True))
+    # the same but for b's copy of block 1 (in each group), which prefixkv empties at its free
+    diff = [i for i, (x, y) in enumerate(zip(mine, vllms, strict=True)) if x != y]
+    assert len(diff) == len(sides[0].windows), (mine, vllms)
+    assert all(mine[i] == (None, None) and vllms[i][0] is not None for i in diff), (mine, vllms)
+    old = {h for h in vllms if h[0] is not None}
+    kept: list[list[Any]] = [[], []]  # (the scheduler holds its running requests)
+    for s, m, mine in zip(sides, ms, kept, strict=True):  # requests that take every block
+        while m.block_pool.get_num_free_blocks() >= len(s.windows):
+            mine.append(_noted(s, f"c{len(mine)}", [100 + len(mine)] * BS))
+            _admit(m, mine[-1])
+    assert [_table(ms[0], r.request_id) for r in kept[0]] == [_table(ms[1], r.request_id) for r in kept[1]]
+    for m, i, mine in zip(ms, ids, kept, strict=True):  # (each pool reuses them in its own order)
+        reused = [b for b in set(i) if any(b in g for r in mine for g in m.get_block_ids(r.request_id))]
+        now = _pool(m, reused)
+        assert len(reused) >= len(set(i)) - 1 and not old & set(now), (now, old)
