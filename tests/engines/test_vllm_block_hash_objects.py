@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 
 from . import test_vllm_reference as ref  # noqa: E402
 from .test_vllm_hybrid_reference import _window  # noqa: E402
-from .test_vllm_plugin import full  # noqa: E402
+from .test_vllm_plugin import config, full  # noqa: E402
 
 BS = ref.BS
 
@@ -128,3 +128,111 @@ def test_every_copy_is_hashed_and_a_freed_block_keeps_its_hash_until_reused(wind
         reused = [b for b in set(i) if any(b in g for r in mine for g in m.get_block_ids(r.request_id))]
         now = _pool(m, reused)
         assert len(reused) >= len(set(i)) - 1 and not old & set(now), (now, old)
+
+
+def test_evict_blocks_resets_a_held_blocks_hash_and_popped_blocks_read_theirs():
+    seen = []
+    for s in ref._managers(12):
+        r = _noted(s, "r", list(range(3 * BS + 1)))
+        _admit(s.m, r)
+        before = _table(s.m, "r")
+        s.m.evict_blocks({s.m.get_block_ids("r")[0][2]})  # (KV a connector failed to load)
+        after = _table(s.m, "r")
+        popped = s.m.pop_blocks_for_free(r)
+        held = _hashes(popped)
+        s.m.block_pool.free_blocks(reversed(popped))
+        seen.append((before, after, held, _hashes(popped)))
+    assert seen[0] == seen[1], seen
+    before, after, held, freed = seen[0]
+    assert [h is None for h, _ in before[0]] == [False, False, False, True]
+    assert after[0] == [*before[0][:2], (None, None), (None, None)]
+    assert sorted(held, key=repr) == sorted(after[0], key=repr) and freed == held
+
+
+def test_evict_blocks_below_a_held_block_resets_its_hash_too_where_vllm_keeps_it():
+    """The documented difference: prefixkv makes the blocks after an evicted one
+    unfindable too (their prefix runs through it), vLLM keeps their hashes."""
+    seen = []
+    for s in ref._managers(12):
+        r = _noted(s, "r", list(range(3 * BS + 1)))
+        _admit(s.m, r)
+        s.m.evict_blocks({s.m.get_block_ids("r")[0][1]})
+        seen.append([h is None for h, _ in _table(s.m, "r")[0]])
+    assert seen == [[False, True, True, True], [False, True, False, True]]
+
+
+def test_writes_are_refused_by_name():
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    s = ref._managers(12)[0]
+    r = _noted(s, "r", list(range(BS + 1)))
+    _admit(s.m, r)
+    block = s.m.get_blocks("r").blocks[0][0]
+    key = block.block_hash
+    assert key is not None
+    for write, name in ((lambda: block.set_block_hash(key, BS), "set_block_hash"),
+                        (block.reset_hash, "reset_hash"),
+                        (lambda: setattr(block, "_block_hash", None), "_block_hash"),
+                        (lambda: setattr(block, "_block_hash_num_tokens", 1), "_block_hash_num_tokens")):
+        with pytest.raises(UnsupportedByPrefixKV, match=name):
+            write()
+    assert (block.block_hash, block.block_hash_num_tokens) == (key, BS)
+
+
+def test_a_block_whose_request_is_gone_is_refused_and_an_empty_one_reads_none():
+    import gc
+
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    s = ref._managers(12)[0]
+    gone = _noted(s, "gone", [9] * (BS + 1))
+    _admit(s.m, gone)
+    unread = s.m.get_blocks("gone").blocks[0][0]
+    s.m.free(gone)
+    del gone
+    r = _noted(s, "r", list(range(BS + 1)))
+    _admit(s.m, r)
+    read = s.m.get_blocks("r").blocks[0][0]
+    s.m.free(r)
+    assert read.block_hash is not None  # (cached, its request object alive)
+    del r
+    gc.collect()
+    assert read.block_hash is not None  # (found while it lived: kept while it holds that content)
+    with pytest.raises(UnsupportedByPrefixKV, match="block_hash of prefixkv block"):
+        _ = unread.block_hash
+    assert s.m.block_pool.blocks[5].block_hash is None  # (never used)
+
+
+@pytest.mark.parametrize("layout", ["sizes", "mamba"])
+def test_groups_the_view_does_not_follow_are_refused_by_name(layout):
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    from .test_vllm_hybrid_reference import _mamba
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    specs = (full(2 * BS), _window(2 * BS)) if layout == "sizes" else (full(BS), _mamba())
+    m = KVCacheManager(config(*specs, num_blocks=40), max_model_len=ref.MAX_LEN,
+                       scheduler_block_size=2 * BS if layout == "sizes" else BS, hash_block_size=BS)
+    with pytest.raises(UnsupportedByPrefixKV, match="different block sizes" if layout == "sizes" else "Mamba"):
+        _ = m.block_pool.blocks[1].block_hash
+
+
+def test_a_probe_kept_over_a_reset_finds_what_is_cached_after_it():
+    """A prefix asked of the pool (its probe kept), the prefix cache reset, the same
+    request admitted again: its new blocks are the answer, as vLLM's (before: the probe
+    kept the node the reset left out of the table, and answered None)."""
+    from vllm.v1.request import RequestStatus
+
+    seen = []
+    for s in ref._managers(24, (full(BS), _window(2 * BS))):
+        r = _noted(s, "r", list(range(2 * BS + 1)))
+        _admit(s.m, r)
+        asked = [s.m.block_pool.get_cached_block(h, [0, 1]) for h in r.block_hashes]
+        s.m.free(r)
+        r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        assert s.m.reset_prefix_cache()
+        _admit(s.m, r)
+        again = [s.m.block_pool.get_cached_block(h, [0, 1]) for h in r.block_hashes]
+        seen.append(([b is None for b in asked], [b is None for b in again], _table(s.m, "r")))
+    assert seen[0] == seen[1] and seen[0][1] == [False, False], seen
