@@ -205,16 +205,16 @@ def test_a_block_whose_request_is_gone_is_refused_and_an_empty_one_reads_none():
 
 @pytest.mark.parametrize("layout", ["sizes", "mamba"])
 def test_groups_the_view_does_not_follow_are_refused_by_name(layout):
+    from prefixkv.integrations.vllm import KVCacheManager
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
 
     from .test_vllm_hybrid_reference import _mamba
 
-    from prefixkv.integrations.vllm import KVCacheManager
-
     specs = (full(2 * BS), _window(2 * BS)) if layout == "sizes" else (full(BS), _mamba())
     m = KVCacheManager(config(*specs, num_blocks=40), max_model_len=ref.MAX_LEN,
                        scheduler_block_size=2 * BS if layout == "sizes" else BS, hash_block_size=BS)
-    with pytest.raises(UnsupportedByPrefixKV, match="different block sizes" if layout == "sizes" else "Mamba"):
+    why = "different block sizes" if layout == "sizes" else "Mamba"
+    with pytest.raises(UnsupportedByPrefixKV, match=why):
         _ = m.block_pool.blocks[1].block_hash
 
 
