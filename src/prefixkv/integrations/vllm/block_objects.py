@@ -48,11 +48,15 @@ class PoolBlock(KVCacheBlock):
 
     __slots__ = ("_refs", "_core_id", "_hashes")
 
+    # vLLM's fields that only its own pool and free queue write, read here as its
+    # defaults (class attributes over vLLM's slots: nothing to write a block made)
+    pool = None
+    is_null = False
+    prev_free_block = next_free_block = None
+
     def __init__(self, block_id: int, refs: RefCount, core_id: int,
                  hashes: HashSource) -> None:  # (not vLLM's: no ref_cnt, no hash)
-        # (vLLM's slots, which mypy does not see through its slots dataclass)
-        self.block_id, self.pool, self.is_null = block_id, None, False  # type: ignore[misc]
-        self.prev_free_block = self.next_free_block = None  # type: ignore[misc]
+        self.block_id = block_id  # type: ignore[misc]  # (vLLM's slot, unseen by mypy)
         self._refs, self._core_id, self._hashes = refs, core_id, hashes
 
     @property
