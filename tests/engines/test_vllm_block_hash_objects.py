@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -37,14 +38,24 @@ def _hashes(blocks: Any) -> list[tuple[bytes | None, int | None]]:
     return [(b.block_hash, b.block_hash_num_tokens) for b in blocks]
 
 
-def compare_block_hashes(sides: tuple[ref.Side, ref.Side]) -> None:
-    """Both sides' block objects read the same hashes (the module's docstring says which)."""
+def compare_block_hashes(sides: tuple[ref.Side, ref.Side], loaded_badly: Collection[str] = ()) -> None:
+    """Both sides' block objects read the same hashes (the module's docstring says which).
+    ``loaded_badly``: requests ``evict_blocks`` took blocks from (a failed load), whose
+    blocks may read a hash on one side alone: prefixkv caches what such a request
+    recomputes again where vLLM's count of its cached blocks leaves it unhashed, and
+    uncaches what it computed after the invalid block where vLLM keeps it
+    (docs/integration.md); where both read one, it is the same."""
     ours, theirs = sides
     for slot in ours.live & theirs.live:
         r, v = ours.reqs[slot], theirs.reqs[slot]
         if list(r.all_token_ids) == list(v.all_token_ids):
-            mine, vllms = (s.m.get_blocks(q.request_id).blocks for s, q in ((ours, r), (theirs, v)))
-            assert [_hashes(g) for g in mine] == [_hashes(g) for g in vllms], slot
+            mine, vllms = ([_hashes(g) for g in s.m.get_blocks(q.request_id).blocks]
+                           for s, q in ((ours, r), (theirs, v)))
+            if r.request_id in loaded_badly:
+                assert all(x == y or None in (x[0], y[0]) for a, b in zip(mine, vllms, strict=True)
+                           for x, y in zip(a, b, strict=True)), slot
+            else:
+                assert mine == vllms, slot
     if not (ours.evicted or theirs.evicted or ours.diverged):
         _compare_free(ours.m.block_pool, theirs.m.block_pool)
 

@@ -93,6 +93,7 @@ def _compare_hashes(sides: tuple[ref.Side, ref.Side]) -> None:
 def test_every_hash_gets_vllms_answer_until_a_block_is_removed(layout, num_blocks, ops):
     specs = LAYOUTS[layout]
     sides = ref._managers(num_blocks if specs is None else 2 * num_blocks, specs)
+    loaded_badly: set[str] = set()
     with mock.patch.object(ref, "_request", _noting(sides[0].m)):
         for serial, (op, slot, k, prompt, more) in enumerate(ops):
             strict = not (sides[0].evicted or sides[1].evicted)
@@ -101,7 +102,9 @@ def test_every_hash_gets_vllms_answer_until_a_block_is_removed(layout, num_block
                 s.note_events()
             _compare_hashes(sides)
             compare_counts(sides)  # (and every block object's ref_cnt is vLLM's)
-            compare_block_hashes(sides)  # (and its hash)
+            if op == "evict" and slot in sides[0].reqs:  # (a failed load: hashes may part)
+                loaded_badly.add(sides[0].reqs[slot].request_id)
+            compare_block_hashes(sides, loaded_badly)  # (and its hash)
 
 
 def _sized(events: bool) -> list[Any]:
