@@ -217,7 +217,12 @@ def test_a_block_whose_request_is_gone_is_refused_and_an_empty_one_reads_none():
 
 
 @pytest.mark.parametrize("layout", ["sizes", "mamba"])
-def test_groups_the_view_does_not_follow_are_refused_by_name(layout):
+def test_groups_the_view_does_not_follow_read_none_and_say_why(layout):
+    """Beside groups of different block sizes or a Mamba group every block reads None (as
+    before the view: vLLM's connectors ask a request's blocks whether they are hashed),
+    and the view says why; a connector's ``touch`` is refused by name."""
+    from vllm.v1.request import RequestStatus
+
     from prefixkv.integrations.vllm import KVCacheManager
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
 
@@ -226,9 +231,18 @@ def test_groups_the_view_does_not_follow_are_refused_by_name(layout):
     specs = (full(2 * BS), _window(2 * BS)) if layout == "sizes" else (full(BS), _mamba())
     m = KVCacheManager(config(*specs, num_blocks=40), max_model_len=ref.MAX_LEN,
                        scheduler_block_size=2 * BS if layout == "sizes" else BS, hash_block_size=BS)
-    why = "different block sizes" if layout == "sizes" else "Mamba"
-    with pytest.raises(UnsupportedByPrefixKV, match=why):
-        _ = m.block_pool.blocks[1].block_hash
+    r = ref._request("r", list(range(4 * BS + 1)), None)
+    m.prepared_prompts.note(r)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    assert m.allocate_slots(r, r.num_tokens, 0, blocks) is not None
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, r.num_tokens
+    held = [b for g in m.get_blocks("r").blocks for b in g if not b.is_null]
+    assert held and all(b.block_hash is None and b.block_hash_num_tokens is None for b in held)
+    assert m.block_pool.get_cached_block(r.block_hashes[1], [0]) is not None  # (cached all the same)
+    view = m.block_pool.blocks[1]._hashes.hashes
+    assert ("different block sizes" if layout == "sizes" else "Mamba") in view.unserved
+    with pytest.raises(UnsupportedByPrefixKV, match="touch"):
+        m.block_pool.touch(held)
 
 
 def test_a_probe_kept_over_a_reset_finds_what_is_cached_after_it():

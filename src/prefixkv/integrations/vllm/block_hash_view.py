@@ -17,9 +17,11 @@ keeps its hash while it holds the same content id. A block holding content that 
 noted request names (its request gone) is refused with UnsupportedByPrefixKV, as a hash
 of no live request is: vLLM would answer from its own map.
 
-Served where every group's block is the hash block and none is Mamba: elsewhere vLLM
+Served where every group's block is the hash block and none is Mamba. Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
-view does not follow, so every read of a block's hash is refused by name.
+view does not follow: there every block reads None, as before this view
+(docs/integration.md lists it; a refusal there failed vLLM's connectors that ask a
+request's blocks whether they are hashed, which ran before).
 """
 
 from __future__ import annotations
@@ -43,20 +45,21 @@ Held = Callable[[int], "tuple[int, int] | None"]
 class BlockHashView:
     """``hash_entry(core_id)`` (block_objects.py's ``HashSource``) over ``lookups``'
     noted requests and probes; ``held``: the manager's ``held_content``; ``groups``: the
-    number of groups; ``refused``: why no hash is served in this layout, or None."""
+    number of groups; ``unserved``: why no hash is served in this layout (every block
+    reads None), or None."""
 
-    def __init__(self, lookups: HashLookups, held: Held, groups: int, refused: str | None) -> None:
-        self._lookups, self._held, self._groups, self._refused = lookups, held, groups, refused
+    def __init__(self, lookups: HashLookups, held: Held, groups: int, unserved: str | None) -> None:
+        self._lookups, self._held, self._groups, self.unserved = lookups, held, groups, unserved
         # prefixkv block id -> (what it held: group and content id, vLLM's hash with group
         # id, tokens)
         self._known: dict[int, tuple[tuple[int, int], bytes, int]] = {}
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
-        None while it holds no findable content. Raises UnsupportedByPrefixKV where the
-        layout is not served, or for content no live noted request names."""
-        if self._refused is not None:
-            raise UnsupportedByPrefixKV(f"KVCacheBlock.block_hash: {self._refused}")
+        None while it holds no findable content, and in a layout not served. Raises
+        UnsupportedByPrefixKV for content no live noted request names."""
+        if self.unserved is not None:
+            return None
         held = self._held(core_id)
         if held is None:
             return None
@@ -97,11 +100,11 @@ class BlockHashView:
 def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     """The ``BlockHashView`` of a manager over ``core`` (prefixkv's manager of ``layout``)."""
     h = layout.sizes.hash_size
-    refused = None
+    unserved = None
     if any(b != h for b in layout.sizes.sizes):
-        refused = ("groups of different block sizes: vLLM keys partial tail entries inside the "
+        unserved = ("groups of different block sizes: vLLM keys partial tail entries inside the "
                    "larger blocks, which prefixkv's block objects do not follow")
     elif any(spec.sparse for spec in layout.groups):
-        refused = ("Mamba groups: vLLM hashes only some of their states, which prefixkv's block objects "
+        unserved = ("Mamba groups: vLLM hashes only some of their states, which prefixkv's block objects "
                    "do not follow")
-    return BlockHashView(lookups, core.held_content, len(layout.groups), refused)
+    return BlockHashView(lookups, core.held_content, len(layout.groups), unserved)

@@ -161,6 +161,14 @@ class BlockPoolView:
         releases a request's blocks tail first). Raises RequestError for other blocks."""
         self._free(ordered_blocks)
 
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """vLLM's ``touch`` takes a reference on blocks (a connector keeping them while it
+        copies them: SimpleCPUOffload's stores): prefixkv's counts are changed by its
+        manager alone, so this raises UnsupportedByPrefixKV."""
+        raise UnsupportedByPrefixKV("block_pool.touch: prefixkv's pool keeps the reference counts; only "
+                                    "its manager's calls change them (a connector that holds blocks of "
+                                    "vLLM's pool while it copies them is not served)")
+
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make the content of these vLLM block ids unfindable (e.g. KV a connector
         failed to load); blocks in use stay with their requests."""
