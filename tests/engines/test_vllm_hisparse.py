@@ -100,3 +100,53 @@ def test_vllms_hisparse_binds_only_to_its_own_managers() -> None:
         SimpleNamespace(coordinator=object()),)))
     with pytest.raises(AssertionError):
         get_hisparse_coordinator(held)  # type: ignore[arg-type]
+
+
+# The seam a prefixkv HiSparse would fill, and the calls it would have to answer (session 26's
+# re-check, docs/integration.md, "HiSparse": "The seam, re-checked").
+
+# What vLLM 0.33's HiSparse connector (its scheduler side) reads of the coordinator: the whole
+# call surface a coordinator of prefixkv's serves in an engine (the tests read more).
+CONNECTOR_CALLS = {"advance_scheduled", "all_context_pages_resident", "build_offload_command",
+                   "build_row_mirrors", "finish_host_import", "get_host_block_pool",
+                   "has_pending_reclamation", "has_pending_work", "host_group_id", "pending_spills",
+                   "release_completed_host_copies", "take_host_block_copies",
+                   "take_residency_updates", "update_spills"}
+
+
+def test_the_seam_is_a_coordinator_on_one_of_prefixkvs_group_views() -> None:
+    """``get_hisparse_coordinator`` returns the ``coordinator`` that an entry of
+    ``manager.coordinator.single_type_managers`` holds once it is a ``HiSparseCoordinator``:
+    a subclass of prefixkv's, set on one of the plug-in's own ``GroupView`` objects, passes
+    its assert without vLLM's ``__init__`` ever running (nothing of vLLM's state is built).
+    So the binding is not what blocks: what the subclass must answer from prefixkv's state is
+    (the connector's calls below, and the internals vLLM's tests read)."""
+    from vllm.v1.hisparse.coordinator import HiSparseCoordinator, get_hisparse_coordinator
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    class Seam(HiSparseCoordinator):
+        def __init__(self) -> None:  # (vLLM's not called: none of its state exists)
+            self.built_by = "prefixkv"
+
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["a"], spec)])
+    ours = KVCacheManager(cfg, max_model_len=128, scheduler_block_size=BS, hash_block_size=BS)
+    seam = Seam()
+    assert not hasattr(seam, "request_states")
+    ours.coordinator.single_type_managers[0].coordinator = seam
+    assert get_hisparse_coordinator(ours) is seam
+
+
+def test_the_connector_reads_these_calls_of_the_coordinator() -> None:
+    """The names vLLM's HiSparse connector reads of ``coordinator.`` in its source: a
+    coordinator of prefixkv's would answer these in an engine. Fails when a vLLM bump adds or
+    drops one (then the list here and the doc's are to be revisited)."""
+    import inspect
+    import re
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.hisparse import connector
+
+    read = set(re.findall(r"coordinator\.(\w+)", inspect.getsource(connector)))
+    assert read == CONNECTOR_CALLS

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
-from .hisparse_model import BS, MAX_LEN, Model, cdiv, model_state
+from .hisparse_model import BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv, model_state
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
@@ -65,14 +64,16 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                 coordinator.advance_scheduled([(req.request_id, total)])
                 req.num_computed_tokens = total
             assert (got is not None) == m.step(total), (i, op, arg)
-        elif op == "confirm":  # every transfer sent; those of ``arg``'s bits confirmed
+        elif op in ("confirm", "halve"):  # every transfer sent; those of ``arg``'s bits
+            # reported by one worker ("confirm"), or enqueued by two, one completing
             sent = coordinator.build_offload_command().page_transfers
             assert [(t.transfer_id, t.resident_block_ids) for t in sent] == [
                 (t, (m.block_of(t),)) for t in m.to_send], (i, op, arg)
             m.to_send = []
             chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
-            coordinator.update_spills({t: 1 for t in chosen}, {t: 1 for t in chosen})
-            m.confirm(chosen)
+            enqueued = {t: 1 if op == "confirm" else 2 for t in chosen}
+            coordinator.update_spills(enqueued, {t: 1 for t in chosen})
+            m.report(enqueued, {t: 1 for t in chosen})
         elif op == "free":
             manager.free(req)
             m.free()
@@ -90,35 +91,6 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
     return m
 
 
-ALL = 2**16 - 1
-# (pool, host pool, hot blocks, max_in_flight_tokens, prompt), ops, what must happen
-SCENARIOS = {
-    "others-take-unpinned-pages": ((16, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("take", 12), ("give_back", 0),
-        ("step", 32), ("confirm", ALL)], {"asked for hot", "unpinned", "lost"}),
-    "own-growth-takes-unpinned-pages": ((12, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("step", 32), ("confirm", ALL)],
-        {"unpinned", "lost"}),
-    # pages clean before the hot region are unpinned at once when it comes, tail first:
-    # the pool hands out page 2's block first
-    "unpins-tail-first": ((24, 12, 1, 64, 128), [
-        ("step", 48), ("confirm", ALL), ("step", 16), ("step", 16), ("take", 13)], {"unpinned", "lost"}),
-    # the pool's free count at the watermark (3 of 32) asks for nothing; below it, it asks
-    "pool-at-watermark": ((32, 12, 1, MAX_LEN, 128), [
-        ("step", 96), ("take", 14), ("step", 16), ("step", 16)], {"asked for hot"}),
-    # freed with a page in flight (its blocks wait for the copy), one unpinned (stays in
-    # the pool, no one's), clean ones (unpinned now) and dirty ones; then a new request
-    "free-mid-flight": ((16, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", 0b0111), ("step", 16), ("confirm", 0b10),
-        ("free", 0), ("step", 48), ("confirm", ALL), ("take", 12), ("step", 16), ("confirm", ALL)],
-        {"unpinned", "freed in flight"}),
-    "host-pool-full": ((32, 3, 1, MAX_LEN, 64), [("step", 48), ("step", 32), ("step", 16)], {"host full"}),
-    "pool-below-watermark": ((12, 12, 2, MAX_LEN, 96), [
-        ("step", 64), ("step", 16), ("confirm", 5), ("step", 16), ("take", 1), ("give_back", 0),
-        ("step", 16), ("confirm", ALL)], {"asked for hot", "gpu full"}),
-}
-
-
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenarios_follow_the_reference(name: str) -> None:
     shape, ops, expected = SCENARIOS[name]
@@ -126,16 +98,8 @@ def test_scenarios_follow_the_reference(name: str) -> None:
     assert expected <= set(m.seen), m.seen
 
 
-STEP = st.tuples(st.just("step"), st.integers(1, 40))
-CONFIRM = st.tuples(st.just("confirm"), st.integers(0, ALL))
-OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, st.tuples(st.just("take"), st.integers(1, 12)),
-                         st.tuples(st.just("give_back"), st.just(0)), st.tuples(st.just("free"), st.just(0))),
-               min_size=4, max_size=40)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(num_blocks=st.integers(10, 32), host_blocks=st.integers(4, 12), hot_blocks=st.integers(1, 3),
-       in_flight=st.sampled_from([16, 32, 64, MAX_LEN]), prompt=st.integers(40, MAX_LEN), ops=OPS)
+@given(**STREAMS)
 def test_random_streams_follow_the_reference(num_blocks: int, host_blocks: int, hot_blocks: int,
                                              in_flight: int, prompt: int, ops: list[tuple[str, int]]) -> None:
     run(num_blocks, host_blocks, hot_blocks, in_flight, prompt, ops)

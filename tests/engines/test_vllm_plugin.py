@@ -86,7 +86,7 @@ def request(rid: str, tokens: list[int]) -> Request:
     ((full, lambda: full(32)), {}, "different block sizes"),
     ((full,), {"dcp_world_size": 2}, "context parallelism"),
     ((full, window, lambda: window(64)), {"use_eagle": True}, "EAGLE"),
-    ((full,), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
+    ((full, window), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),  # (beside a window)
 ])
 def test_what_prefixkv_does_not_offer_is_refused_by_name(specs, kw, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV

@@ -72,25 +72,34 @@ def test_prefixkv_caches_the_re_prefillable_tokens_a_step_late_as_vllm(prefill_l
             if delay:  # (nothing cached past the hit: a load in flight)
                 _agree(managers, model, live, use_eagle, serial, announced)
                 continue
-        elif op < 0.5:  # the scheduler's cache_blocks (a step's outputs, a landed load)
-            r = live[rng.choice(sorted(live))]
-            for m in managers:
-                m.cache_blocks(r, r.num_computed_tokens)
-        elif op < 0.8:
-            r = live[rng.choice(sorted(live))]
-            if r.num_computed_tokens == r.num_tokens:  # decode: a sampled token
-                r.append_output_token_ids(rng.randrange(ALPHABET))
-            n = rng.randint(1, r.num_tokens - r.num_computed_tokens)
-            for m in managers:
-                assert m.allocate_slots(r, n) is not None
-            r.num_computed_tokens += n
         else:
-            r = live.pop(rng.choice(sorted(live)))
-            for m in managers:
-                m.free(r)
+            r = live_call(rng, op, managers, live)
         if r.request_id in live:
             model.allocate(list(r.all_token_ids), r.num_computed_tokens)
         _agree(managers, model, live, use_eagle, serial, announced)
+
+
+def live_call(rng: random.Random, op: float, managers: tuple[Any, ...], live: dict[str, Any]) -> Any:
+    """One call on a live request, the same on every manager, by ``op`` in [0.35, 1): the
+    scheduler's ``cache_blocks`` (a step's outputs, a landed load), a step (a decode step
+    appends a sampled token first), a free (the request leaves ``live``); the request."""
+    if op < 0.5:
+        r = live[rng.choice(sorted(live))]
+        for m in managers:
+            m.cache_blocks(r, r.num_computed_tokens)
+    elif op < 0.8:
+        r = live[rng.choice(sorted(live))]
+        if r.num_computed_tokens == r.num_tokens:  # decode: a sampled token
+            r.append_output_token_ids(rng.randrange(ALPHABET))
+        n = rng.randint(1, r.num_tokens - r.num_computed_tokens)
+        for m in managers:
+            assert m.allocate_slots(r, n) is not None
+        r.num_computed_tokens += n
+    else:
+        r = live.pop(rng.choice(sorted(live)))
+        for m in managers:
+            m.free(r)
+    return r
 
 
 def _agree(managers: tuple[Any, Any], model: LookaheadModel, live: dict[str, Any], use_eagle: bool,

@@ -172,17 +172,22 @@ def add_request(
             or num_lookahead_tokens.__class__ is not int or num_lookahead_tokens < 0
             or keep_free.__class__ is not int or keep_free < 0
             or len(p.tokens) + num_lookahead_tokens > self._max_slots):
-        if self._waits is not None and not live:  # a re-admission after a store fetch:
-            # ``_readmit``'s case (the fetch's run landed whole on the device, held:
-            # ``Fetch.blocks``; the start's Prompt object; every other argument its
-            # default), looked up before the arguments' checks: a start pays the lookup
+        if self._waits is not None and not live:  # a store's start (``_start``: a Prompt
+            # of this manager's, no multimodal keys, within the pool, a new id no fetch
+            # waits for) or a re-admission after a store fetch (``_readmit``'s case: the
+            # fetch's run landed whole on the device, held: ``Fetch.blocks``; the start's
+            # Prompt object), every other argument its default
             f = self._waits.waiting.get(request_id)
-            if (f is not None and f.blocks is not None and p is f.req.prompt and p is not None
-                    and extra is None and num_new_tokens is None and max_hit_tokens is None
-                    and resumed is False and read_cache is True and require_full_fit is False
-                    and num_lookahead_tokens.__class__ is int and not num_lookahead_tokens
-                    and keep_free.__class__ is int and not keep_free):
-                return self._readmit(request_id, p, f)
+            if (type(p) is Prompt and extra is None and num_new_tokens is None
+                    and max_hit_tokens is None and resumed is False and read_cache is True
+                    and require_full_fit is False and num_lookahead_tokens.__class__ is int
+                    and not num_lookahead_tokens and keep_free.__class__ is int and not keep_free):
+                if f is None:
+                    if (p.config is self._config and p.keys.mm is None
+                            and len(p.tokens) <= self._max_slots):
+                        return self._start(request_id, p)
+                elif f.blocks is not None and p is f.req.prompt:
+                    return self._readmit(request_id, p, f)
         return self._admit(request_id, prompt_token_ids, extra, num_new_tokens, resumed,
                            read_cache, num_lookahead_tokens, require_full_fit, keep_free,
                            max_hit_tokens)

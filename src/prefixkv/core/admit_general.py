@@ -35,54 +35,62 @@ def _admit(
     self: KVCacheManager, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
     extra: ExtraKeys | None, num_new_tokens: int | None, resumed: bool, read_cache: bool,
     num_lookahead_tokens: int, require_full_fit: bool, keep_free: int,
-    max_hit_tokens: int | None,
+    max_hit_tokens: int | None, found: tuple[Request, list[Block]] | None = None,
 ) -> Admission | StoreWait | None:
-    """``add_request``'s general path: every case (its arguments, checked here)."""
-    try:  # (``check_new_request``'s probe inline: a new id costs no call)
-        live = request_id in self._requests
-    except Exception:
-        live = True
-    if live:
-        check_new_request(self._requests, request_id)  # raises RequestError
-    if num_new_tokens is not None:
-        check_count("num_new_tokens", num_new_tokens, 1, None)
-    # (the class first: an object without a truth value, a numpy array, is refused too)
-    if num_lookahead_tokens.__class__ is not int or num_lookahead_tokens:  # (None, [], 0.0)
-        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
-    if keep_free.__class__ is not int or keep_free:
-        check_count("keep_free", keep_free, 0, None)
-    if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
-        for name, flag in (("resumed", resumed), ("read_cache", read_cache),
-                           ("require_full_fit", require_full_fit)):
-            check_flag(name, flag, RequestError)
-    if max_hit_tokens is not None:
-        check_count("max_hit_tokens", max_hit_tokens, 0, None)
-    admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
+    """``add_request``'s general path: every case (its arguments, checked here).
+    ``found``: a store start's request and hits, walked, whose ``StoreWaits.start``
+    answered None (``store_start._start``: its arguments the defaults, a Prompt of this
+    manager's, checked); the admission goes on from there."""
     waits = self._waits
     fetch: Fetch | None = None
     reused = d = None  # (d, ``reuse``'s: how many hits are device blocks, which come first)
-    if waits is not None:
-        got = waits.take(request_id)
-        if isinstance(got, StoreWait):  # (its input raises as it would without a wait)
-            self._find(None, prompt_token_ids, extra, False, admit)
-            return got
-        fetch = got
-        # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
-        reused = (waits.reuse(fetch, prompt_token_ids, extra)
-                  if fetch and read_cache and max_hit_tokens is None else None)  # (capped: the walk)
-    if reused is None:
-        req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit,
-                                        max_hit_tokens)
+    claimed: int | None
+    if found is not None:  # (a store start that answered None: its arguments the defaults)
+        (req, hits), claimed = found, None
+        n, bs = len(req.tokens), self.block_size
     else:
-        (req, hits, d), claimed = reused, None
-        self._check_fits(len(req.tokens), *admit)
-    n, bs = len(req.tokens), self.block_size
-    if fetch is None and waits is not None and read_cache:
-        limit = hit_limit(n, bs, max_hit_tokens)
-        wait = waits.start(req, hits, req.prompt_chunks, limit,  # type: ignore[arg-type]
-                           prompt_token_ids) if len(hits) < limit else None
-        if wait is not None:
-            return wait
+        try:  # (``check_new_request``'s probe inline: a new id costs no call)
+            live = request_id in self._requests
+        except Exception:
+            live = True
+        if live:
+            check_new_request(self._requests, request_id)  # raises RequestError
+        if num_new_tokens is not None:
+            check_count("num_new_tokens", num_new_tokens, 1, None)
+        # (the class first: an object without a truth value, a numpy array, is refused too)
+        if num_lookahead_tokens.__class__ is not int or num_lookahead_tokens:  # (None, [], 0.0)
+            check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        if keep_free.__class__ is not int or keep_free:
+            check_count("keep_free", keep_free, 0, None)
+        if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
+            for name, flag in (("resumed", resumed), ("read_cache", read_cache),
+                               ("require_full_fit", require_full_fit)):
+                check_flag(name, flag, RequestError)
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
+        admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
+        if waits is not None:
+            got = waits.take(request_id)
+            if isinstance(got, StoreWait):  # (its input raises as it would without a wait)
+                self._find(None, prompt_token_ids, extra, False, admit)
+                return got
+            fetch = got
+            # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
+            reused = (waits.reuse(fetch, prompt_token_ids, extra)
+                      if fetch and read_cache and max_hit_tokens is None else None)  # (capped: the walk)
+        if reused is None:
+            req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit,
+                                            max_hit_tokens)
+        else:
+            (req, hits, d), claimed = reused, None
+            self._check_fits(len(req.tokens), *admit)
+        n, bs = len(req.tokens), self.block_size
+        if fetch is None and waits is not None and read_cache:
+            limit = hit_limit(n, bs, max_hit_tokens)
+            wait = waits.start(req, hits, req.prompt_chunks, limit,  # type: ignore[arg-type]
+                               prompt_token_ids) if len(hits) < limit else None
+            if wait is not None:
+                return wait
     num_cached = len(hits) * bs
     num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
     total = num_cached + num_new

@@ -35,6 +35,7 @@ from . import (
     release,
     step_outputs,
     store_readmit,
+    store_start,
 )
 from .copies import CopyPlan
 from .pool import BlockPool
@@ -113,7 +114,7 @@ class KVCacheManager:
     # The calls. Each line names the module that holds the call's body and contract.
 
     # ---- admission: core/admission.py (the common case), core/admit_general.py,
-    # store_readmit.py (after a store fetch), lookups.py
+    # store_start.py and store_readmit.py (a store's start, after a fetch), lookups.py
     add_request = admission.add_request
     lookup = lookups.lookup
     lookup_block_ids = lookups.lookup_block_ids
@@ -122,6 +123,7 @@ class KVCacheManager:
     held_content = lookups.held_content
     _admit = admit_general._admit
     _readmit = store_readmit._readmit
+    _start = store_start._start
     _acquire_loading = admit_general._acquire_loading
     _find = admit_general._find
     _check_fits = admit_general._check_fits

@@ -97,20 +97,21 @@ class StoreWaits:
             kinds = list(map(type, hits))
             d = kinds.count(Block)  # device hits; the run lands on the device when they
             on_device = kinds[:d].count(Block) == d  # come first (the host's go up at the start)
-            held = [h for h in hits if type(h) is HostSlot]
+            held = (hits[d:] if on_device  # (then the rest are host slots: no comprehension,
+                    else [h for h in hits if type(h) is HostSlot])  # a function made and called)
         else:
             d, on_device, held = 0, True, None
         n = limit - first  # (not ``min``: its keyword parsing is machine code of its own,
         if link.max_fetch < n:  # cold after a fetch: store25-r23.md)
             n = link.max_fetch
-        free = host.num_free
-        if free < n:
+        free = len(host._empty) + host._cached.size  # (``num_free``s inline: no property
+        if free < n:  # call, a frame pushed from C, cold after a fetch)
             n = free
         if on_device:  # (the pool short: the run lands in host slots alone)
-            room = pool.num_free - (first - d)
+            room = len(pool._empty) - pool._lo + pool._cached.size - (first - d)
             on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)
         now = link.store.clock()
-        if n <= 0 or not link.worth(n, now):
+        if n <= 0 or now < link.quiet_until or not link._worth(n, now):  # (``worth``, inline)
             return None
         if held:  # pinned for this step: no reservation takes a slot the request hits
             host.hold(held)
@@ -169,7 +170,10 @@ class StoreWaits:
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
-        return store_wait(req.request_id, len(slots))
+        w: StoreWait = _new(StoreWait)  # (``store_wait``, inline: no frame, cold)
+        _set(w, "request_id", req.request_id)
+        _set(w, "num_blocks", len(slots))
+        return w
 
     def take(self, request_id: Hashable) -> Fetch | StoreWait | None:
         """At a re-admission: the request's fetch once it ended (``cancel`` it once the

@@ -24,6 +24,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from prefixkv.core.lookahead import LookaheadKVCacheManager
 from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import ConfigError
 from prefixkv.groups import (
@@ -222,7 +223,7 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
-               peek: tuple[bool, ...] = ()) -> tuple[Any, int]:
+               peek: tuple[bool, ...] = (), lookahead: int = 0) -> tuple[Any, int]:
     """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
     ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
     vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
@@ -230,7 +231,8 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
     only: the hybrid manager takes no such switch. ``peek``: EAGLE's groups
     (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
-    block after each aligned end too (``BlockSizes.peek``)."""
+    block after each aligned end too (``BlockSizes.peek``). ``lookahead``: the plain
+    manager's blocks keyed with that many tokens after them (``core.lookahead``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
@@ -246,6 +248,10 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
             raise UnsupportedByPrefixKV(f"prefixkv's hybrid manager does not take this layout "
                                         f"of block sizes ({layout.sizes}): {e}") from e
         return core, 0 if releasing else 1
+    if lookahead:
+        core = LookaheadKVCacheManager(layout.num_blocks - 1, layout.block_size, hash_mode="sha256",
+                                       enable_events=enable_events, hash_lookahead_tokens=lookahead)
+        return core, 1
     core = KVCacheManager(layout.num_blocks - 1, layout.block_size, hash_mode="sha256",
                           enable_caching=enable_caching, enable_events=enable_events)
     return core, 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from functools import partial
+from operator import index
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -56,13 +57,20 @@ class KVCacheManager(StepCalls):
     EAGLE's shortened hits (``use_eagle``) beside other groups and lookahead hashing
     (``num_hash_lookahead_tokens`` > 0)."""
 
+    _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``cross.CrossAttentionKVCacheManager`` for a ``kv_cache_config`` with
-        cross-attention groups (encoder-decoder models), else this class."""
+        cross-attention groups (encoder-decoder models), a ``lookahead.LookaheadKVCacheManager``
+        for lookahead hashing with caching on, else this class."""
         if cls is KVCacheManager:
             from .cross import CrossAttentionKVCacheManager, cross_groups
             if cross_groups(kwargs.get("kv_cache_config", args[0] if args else None)):
                 cls = CrossAttentionKVCacheManager
+            elif (kwargs.get("num_hash_lookahead_tokens", args[7] if len(args) > 7 else 0)
+                  and kwargs.get("enable_caching", args[5] if len(args) > 5 else True)):
+                from .lookahead import LookaheadKVCacheManager  # (lookahead hashing)
+                cls = LookaheadKVCacheManager
         return super().__new__(cls)
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
@@ -111,8 +119,12 @@ class KVCacheManager(StepCalls):
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
                                 None if layout.sizes.one_size else layout.sizes)
         events = enable_kv_cache_events or metrics_collector is not None
+        lookahead = index(num_hash_lookahead_tokens) if enable_caching else 0  # (a bool: vLLM's tests')
+        if lookahead and not self._serves_lookahead:  # (lookahead.py's class does)
+            raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
+                                        f"(num_hash_lookahead_tokens={lookahead}) on {type(self).__name__}")
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
-                                       peek=self.eagle_groups)
+                                       peek=self.eagle_groups, lookahead=lookahead)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset, self.core.ref_cnt)

@@ -20,7 +20,9 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
     """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
     EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
     groups of at most two specs, full attention one of them when two (vLLM's one-pass
-    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
+    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0) with
+    caching on but on one full-attention group whose block is the hash block (2 tokens or
+    more), without ``use_eagle`` (vLLM's scheduler passes it off: lookahead.py),
     multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
     > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
     the drafter may prefill them again) but on one full-attention group (as vLLM,
@@ -38,9 +40,12 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
         raise ConfigError(f"multi-module MTP with prefix caching needs block_size "
                           f"({layout.block_size}) >= num_prefill_lookahead ({num_prefill_lookahead})")
 
-    if num_hash_lookahead_tokens:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
-                                    f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
+    if num_hash_lookahead_tokens and enable_caching and (
+            layout.hybrid or use_eagle or layout.sizes.hash_size != layout.block_size
+            or layout.block_size < 2):  # (1: the one token an admission schedules keys a block)
+        raise UnsupportedByPrefixKV(f"prefixkv offers lookahead hashing (num_hash_lookahead_tokens="
+                                    f"{num_hash_lookahead_tokens}) on one full-attention group whose "
+                                    f"block is the hash block, of 2 tokens or more, without use_eagle, only")
     if watermark < 0:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
 

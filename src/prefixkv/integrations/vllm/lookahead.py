@@ -1,0 +1,93 @@
+"""vLLM 0.33's lookahead hashing (``num_hash_lookahead_tokens`` = L > 0, its default for
+EAGLE/EAGLE3/MTP drafters with prefix caching and no connector) on one full-attention
+group: ``LookaheadKVCacheManager``, which ``manager.KVCacheManager`` becomes for such
+arguments (docs/lookahead.md).
+
+Its core is prefixkv's ``core.lookahead.LookaheadKVCacheManager``: a block's content
+covers the L tokens after it. vLLM caches a request's blocks below
+``min(computed - (P - 1), num_tokens - L)`` (P: ``num_prefill_lookahead``); the plug-in
+keys (schedules, in prefixkv's terms) up to the same bound: each call's tokens past
+``num_tokens - L`` enter as late tokens, as multi-module MTP's re-prefillable ones do
+(``reprefill_tokens``, read by slots.admit and growth.grow_live, raised for the call),
+and are keyed by a later call once the tokens after them are known. The request's known
+tokens reach the core first (``add_tokens``), so it holds each block's lookahead tokens
+when it keys the block. A hit needs the L tokens after its last block to be the
+reader's own (no EAGLE block drop: vLLM's scheduler passes ``use_eagle=False``).
+
+Refused by name (UnsupportedByPrefixKV): beside other groups (``options.check_options``),
+with ``use_eagle``, a hash block other than the block, KV events (``BlockStored`` would
+need vLLM's ``lookahead_token_ids``), ``delay_cache_blocks`` (a connector's loads; vLLM
+keeps the plain hashes beside a connector).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request
+
+from prefixkv.errors import check_count
+
+from .layout import UnsupportedByPrefixKV
+from .manager import KVCacheManager
+from .requests import core_tokens
+
+__all__ = ["LookaheadKVCacheManager"]
+
+
+class LookaheadKVCacheManager(KVCacheManager):
+    """``manager.KVCacheManager`` with lookahead hashing (module docstring); built by
+    ``KVCacheManager(...)`` for ``num_hash_lookahead_tokens`` > 0 with caching on."""
+
+    hash_lookahead_tokens: int
+    _serves_lookahead = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
+        if self.enable_kv_cache_events:
+            raise UnsupportedByPrefixKV(f"prefixkv does not offer KV cache events with lookahead "
+                                        f"hashing (num_hash_lookahead_tokens={self.hash_lookahead_tokens}: "
+                                        f"vLLM's BlockStored carries lookahead_token_ids)")
+
+    def _known(self, request: Request) -> None:
+        """The request's known tokens, to its core request (unscheduled), if live."""
+        key = self._keys.get(request.request_id)
+        if key is not None:
+            held = self.core.num_tokens(key)
+            tokens = core_tokens(request)
+            if len(tokens) > held:
+                self.core.add_tokens(key, tokens[held:])
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       *args: Any, **kwargs: Any) -> KVCacheBlocks | None:
+        """``KVCacheManager.allocate_slots``, keying up to vLLM's bound (module
+        docstring); UnsupportedByPrefixKV for ``delay_cache_blocks``."""
+        if delay_cache_blocks:
+            raise UnsupportedByPrefixKV("prefixkv does not offer delay_cache_blocks with lookahead "
+                                        "hashing (vLLM keeps plain hashes beside a KV connector)")
+        late = self.reprefill_tokens
+        try:
+            cache_to = (request.num_computed_tokens + num_new_computed_tokens
+                        + num_external_computed_tokens + num_new_tokens)
+            self._known(request)
+            self.reprefill_tokens = max(late, cache_to - request.num_tokens + self.hash_lookahead_tokens)
+        except TypeError:  # (a bad count: the base call's error)
+            pass
+        try:
+            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens,
+                                          new_computed_blocks, num_lookahead_tokens,
+                                          num_external_computed_tokens, delay_cache_blocks, *args, **kwargs)
+        finally:
+            self.reprefill_tokens = late
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """``KVCacheManager.cache_blocks``, up to vLLM's bound (module docstring)."""
+        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
+            check_count("num_computed_tokens", num_computed_tokens, 0, None)
+        self._known(request)
+        bound = request.num_tokens - self.hash_lookahead_tokens + self.reprefill_tokens
+        super().cache_blocks(request, max(0, min(num_computed_tokens, bound)))
