@@ -40,7 +40,7 @@ def _hashes(blocks: Any) -> list[tuple[bytes | None, int | None]]:
 
 def compare_block_hashes(sides: tuple[ref.Side, ref.Side], loaded_badly: Collection[str] = ()) -> None:
     """Both sides' block objects read the same hashes (the module's docstring says which).
-    ``loaded_badly``: requests ``evict_blocks`` took blocks from (a failed load), whose
+    ``loaded_badly``: requests live when ``evict_blocks`` ran (a failed load), whose
     blocks may read a hash on one side alone: prefixkv caches what such a request
     recomputes again where vLLM's count of its cached blocks leaves it unhashed, and
     uncaches what it computed after the invalid block where vLLM keeps it
