@@ -33,6 +33,7 @@ torch = pytest.importorskip("torch")
 from prefixkv import RequestError  # noqa: E402
 
 from . import test_vllm_reference as ref  # noqa: E402
+from .test_vllm_block_hash_objects import compare_block_hashes  # noqa: E402
 from .test_vllm_block_objects import compare_counts  # noqa: E402
 from .test_vllm_hybrid_reference import _window  # noqa: E402
 from .test_vllm_plugin import config, full  # noqa: E402
@@ -92,6 +93,7 @@ def _compare_hashes(sides: tuple[ref.Side, ref.Side]) -> None:
 def test_every_hash_gets_vllms_answer_until_a_block_is_removed(layout, num_blocks, ops):
     specs = LAYOUTS[layout]
     sides = ref._managers(num_blocks if specs is None else 2 * num_blocks, specs)
+    loaded_badly: set[str] = set()
     with mock.patch.object(ref, "_request", _noting(sides[0].m)):
         for serial, (op, slot, k, prompt, more) in enumerate(ops):
             strict = not (sides[0].evicted or sides[1].evicted)
@@ -100,6 +102,9 @@ def test_every_hash_gets_vllms_answer_until_a_block_is_removed(layout, num_block
                 s.note_events()
             _compare_hashes(sides)
             compare_counts(sides)  # (and every block object's ref_cnt is vLLM's)
+            if op == "evict":  # (a failed load: the hashes of the requests on it may part)
+                loaded_badly.update(sides[0].reqs[q].request_id for q in sides[0].live)
+            compare_block_hashes(sides, loaded_badly)  # (and its hash)
 
 
 def _sized(events: bool) -> list[Any]:

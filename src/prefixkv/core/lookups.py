@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import check_count
 from ..extra_keys import ExtraKeys
+from ..index import ContentIndex
 from .block import Block
 from .probe import BlockProbe
 from .prompt import Prompt
@@ -71,3 +72,14 @@ def block_probe(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prompt, 
     assert chunks is not None, "_find sets a request's prompt chunks"
     return BlockProbe(self._index, self._host is not None, chunks, len(req.tokens) // self.block_size,
                       req.keys.base, req.keys.mm, self.block_size)
+
+
+def held_content(self: KVCacheManager, block_id: int) -> tuple[int, int] | None:
+    """What block ``block_id`` holds findable: (0, its content id), a content id naming
+    one content for the process's life (never reused), None when it holds none (empty,
+    partial, evicted, uncached, or caching off). Changes nothing. Raises RequestError
+    for an id that is not one of this pool's."""
+    b = self._pool.blocks[check_count("block id", block_id, 0, self.num_blocks - 1)]
+    index = self._index
+    cid = index.content_of(b) if isinstance(index, ContentIndex) else None
+    return None if cid is None else (0, cid)

@@ -120,6 +120,7 @@ class KVCacheManager:
     lookup_block_ids = lookups.lookup_block_ids
     cached_block_id = lookups.cached_block_id
     block_probe = lookups.block_probe
+    held_content = lookups.held_content
     _admit = admit_general._admit
     _readmit = store_readmit._readmit
     _start = store_start._start

@@ -5,10 +5,10 @@ content, for an engine that asks its pool about one prefix at a time (vLLM's
 change nothing.
 
 A probe (``PrefixProbe``) keeps a prompt encoded and the prefix nodes its last walk
-found. A node stays the table's node of its prefix while something refers to it and it
-is not lost (prefixes.py: the last reference removes it, ids are never reused), so such
-a node is the answer's node in O(1); otherwise the walk goes on from the deepest node of
-the prompt that still is (one table probe a node newly found).
+found. A node that is still the table's node of its prefix (``PrefixTable.holds``: one
+dict probe; a node dropped, lost, or left out by a reset, whose table is cleared while
+requests hold its nodes, is not) is the answer's node; otherwise the walk goes on from the
+deepest node of the prompt that still is (one table probe a node newly found).
 """
 
 from __future__ import annotations
@@ -106,12 +106,13 @@ class PrefixProbe:
             raise RequestError(f"num_tokens must be a multiple of the hash block size {h}, got {num_tokens}")
         k = num_tokens // h
         nodes = self._nodes
-        return nodes[k - 1] if k <= len(nodes) and _in_table(nodes[k - 1]) else self._walk(k)
+        return nodes[k - 1] if k <= len(nodes) and self._m._table.holds(nodes[k - 1]) else self._walk(k)
 
     def _walk(self, k: int) -> Prefix | None:
         nodes = self._nodes
         i = min(k - 1, len(nodes))  # the deepest node of the prompt still in the table
-        while i and not _in_table(nodes[i - 1]):
+        held = self._m._table.holds
+        while i and not held(nodes[i - 1]):
             i -= 1
         del nodes[i:]
         chunks, extras, child = self._chunks, self._extras, self._m._table.child
@@ -125,7 +126,11 @@ class PrefixProbe:
         return node
 
 
-def _in_table(node: Prefix) -> bool:
-    """Whether ``node`` is still its prefix's node in the table (referred to, not lost:
-    prefixes.py; ids are never reused)."""
-    return bool(node.refs) and not node.lost
+def held_content(self: HybridKVCacheManager, block_id: int) -> tuple[int, int] | None:
+    """What block ``block_id`` holds findable: (its group, its prefix's id), an id naming
+    one prefix for the process's life (never reused), None when it holds none (empty,
+    partial, evicted or uncached; a partial tail entry alone is not listed). Changes
+    nothing. Raises RequestError for an id that is not one of this pool's."""
+    index = self._index
+    node = index.nodes[check_count("block id", block_id, 0, self.num_blocks - 1)]
+    return None if node is None else (index.owner[block_id], node.pid)

@@ -121,6 +121,7 @@ class HybridKVCacheManager:
     lookup_block_ids = admission.lookup_block_ids
     cached_block_ids = cached.cached_block_ids
     prefix_probe = cached.prefix_probe
+    held_content = cached.held_content
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter

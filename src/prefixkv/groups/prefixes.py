@@ -86,6 +86,11 @@ class PrefixTable:
         holding ``chunk``/``extra``, None if there is none. Changes nothing."""
         return self._nodes.get((parent.pid if parent is not None else 0, chunk, extra))
 
+    def holds(self, node: Prefix) -> bool:
+        """Whether ``node`` is the table's node of its prefix (not lost, not dropped, not
+        left out by ``clear``). Changes nothing."""
+        return self._nodes.get(node.key) is node
+
     def extend(self, parent: Prefix | None, chunks: Sequence[bytes], extras: Sequence[bytes],
                hashes: Sequence[bytes] | None, cut: bool = False) -> list[Prefix]:
         """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created

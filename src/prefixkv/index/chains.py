@@ -82,6 +82,17 @@ class ContentChains(Announcer):
         for run in list(self.run_counts.pending):
             self._settle(run)
 
+    def content_of(self, b: Block) -> int | None:
+        """The content id ``b`` holds findable (as its content's primary or a listed
+        spare), None when it holds none (a block ``uncache`` took out while others held
+        it keeps its key for them, as an unlisted twin: None). Changes nothing but the
+        writes of a pending run ``b`` is in."""
+        if self.run_counts.pending:
+            self._settle_near(b)
+        if b.key is None or (b.twin and b not in self._twins.get(b.content_id, ())):
+            return None
+        return b.content_id
+
     def _settle_near(self, parent: Block) -> None:
         """Settle the pending run ``parent`` is a block of (but its last, written), or
         heads: new content recorded under ``parent`` reads and writes its ``child`` (and a

@@ -35,6 +35,7 @@ from weakref import WeakKeyDictionary, ref
 from prefixkv.errors import RequestError
 from prefixkv.groups.spec import FULL
 
+from .block_hash_view import BlockHashView, view_for
 from .layout import Layout, UnsupportedByPrefixKV
 from .prepared import PreparedPrompts
 from .requests import core_tokens, extra_keys_of
@@ -85,6 +86,10 @@ class HashedPrefixes:
             self._scan(block_hash in self._found)
             found = self._named(block_hash)
         return found
+
+    def requests(self) -> list[Any]:
+        """The live requests noted."""
+        return self._prompts.requests()
 
     def _named(self, block_hash: bytes) -> tuple[Any, int] | None:
         entry = self._found.get(block_hash)
@@ -177,6 +182,7 @@ class HashLookups:
         # a request -> the block hashes it had when its probe was made, and the probe (its
         # prompt encoded once: a connector asks every block of a request, every step)
         self._probes: WeakKeyDictionary[Any, tuple[list[bytes], Probe]] = WeakKeyDictionary()
+        self.block_view: BlockHashView | None = None  # (the block objects' hashes: lookups_for)
 
     def count(self) -> int:
         """vLLM's ``len(cached_block_hash_to_block)``: one per prefix cached in a group.
@@ -239,6 +245,10 @@ class HashLookups:
                     f"partial tail entry there, which prefixkv keeps only with KV events on")
         return self._probe(r, n, block_hash), n
 
+    def probe_for(self, r: Any, n: int, block_hash: bytes) -> Probe:
+        """``r``'s probe, whose first ``n`` tokens' hash is ``block_hash`` (``_probe``)."""
+        return self._probe(r, n, block_hash)
+
     def _probe(self, r: Any, n: int, block_hash: bytes) -> Probe:
         """``r``'s probe, made anew unless the one kept was made while ``r``'s hash of its
         first ``n`` tokens was ``block_hash`` (a chain hash: then the prefix it names is the
@@ -268,4 +278,6 @@ def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequ
             probe: Probe = core.block_probe(tokens, extra=extra)
             return probe
     count = None if tails else (lambda: int(core.num_cached_blocks))
-    return HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)
+    lookups = HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)
+    lookups.block_view = view_for(lookups, core, layout)
+    return lookups

@@ -8,38 +8,56 @@ many live requests hold the block, as vLLM counts (a request's blocks popped by
 ``pop_blocks_for_free`` count until ``free_blocks`` takes them back; vLLM's null block,
 ``is_null``, is never counted and stays a plain ``KVCacheBlock`` at 0).
 
-Writing ``ref_cnt`` raises UnsupportedByPrefixKV: the count is prefixkv's, changed only
-by its manager. The block hash fields (``block_hash``, ``_block_hash``,
-``block_hash_num_tokens``) stay vLLM's defaults (None): prefixkv finds content without
-vLLM's hashes (block_hashes.py turns a hash into a prefix, not a block into its hash).
+Its hash (``block_hash``, ``_block_hash``: vLLM's ``BlockHashWithGroupId``;
+``block_hash_num_tokens``) is read the same way, from what prefixkv's block holds
+(block_hash_view.py says how, and where it is refused): None while it holds no findable
+content, as vLLM's block before it is cached and after it is evicted.
+
+Writing ``ref_cnt`` or a hash field, ``set_block_hash`` and ``reset_hash`` raise
+UnsupportedByPrefixKV: the count and the content are prefixkv's, changed only by its
+manager.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["PoolBlock", "RefCount"]
+__all__ = ["HashSource", "PoolBlock", "RefCount"]
 
 RefCount = Callable[[int], int]
 """prefixkv's count of one of its block ids (``KVCacheManager.ref_cnt``)."""
 
 
+class HashSource(Protocol):
+    """vLLM's hash of what one of prefixkv's blocks holds (block_hash_view.py)."""
+
+    def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
+        """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of prefixkv block
+        ``core_id``, None while it holds no findable content."""
+
+
 class PoolBlock(KVCacheBlock):
     """vLLM's ``KVCacheBlock`` of vLLM block id ``block_id``, prefixkv's block
-    ``core_id``: ``ref_cnt`` is ``refs(core_id)`` when read, a write is refused."""
+    ``core_id``: ``ref_cnt`` is ``refs(core_id)`` and the hash fields are
+    ``hashes.hash_entry(core_id)``'s when read; writes are refused."""
 
-    __slots__ = ("_refs", "_core_id")
+    __slots__ = ("_refs", "_core_id", "_hashes")
 
-    def __init__(self, block_id: int, refs: RefCount, core_id: int) -> None:  # (not vLLM's: no ref_cnt)
-        # (vLLM's slots, which mypy does not see through its slots dataclass)
-        self.block_id, self.pool, self.is_null = block_id, None, False  # type: ignore[misc]
-        self._block_hash = self._block_hash_num_tokens = None  # type: ignore[misc]
-        self.prev_free_block = self.next_free_block = None  # type: ignore[misc]
-        self._refs, self._core_id = refs, core_id
+    # vLLM's fields that only its own pool and free queue write, read here as its
+    # defaults (class attributes over vLLM's slots: nothing to write a block made)
+    pool = None
+    is_null = False
+    prev_free_block = next_free_block = None
+
+    def __init__(self, block_id: int, refs: RefCount, core_id: int,
+                 hashes: HashSource) -> None:  # (not vLLM's: no ref_cnt, no hash)
+        self.block_id = block_id  # type: ignore[misc]  # (vLLM's slot, unseen by mypy)
+        self._refs, self._core_id, self._hashes = refs, core_id, hashes
 
     @property
     def ref_cnt(self) -> int:
@@ -48,5 +66,35 @@ class PoolBlock(KVCacheBlock):
 
     @ref_cnt.setter
     def ref_cnt(self, n: int) -> None:
-        raise UnsupportedByPrefixKV(f"KVCacheBlock({self.block_id}).ref_cnt = {n!r}: prefixkv's pool "
-                                    f"keeps the count; its manager alone changes it")
+        self._refuse(f"ref_cnt = {n!r}")
+
+    @property
+    def _block_hash(self) -> bytes | None:
+        """vLLM's ``BlockHashWithGroupId`` of the content the block holds, None while it
+        holds none."""
+        entry = self._hashes.hash_entry(self._core_id)
+        return None if entry is None else entry[0]
+
+    @_block_hash.setter
+    def _block_hash(self, value: object) -> None:
+        self._refuse(f"_block_hash = {value!r}")
+
+    @property
+    def _block_hash_num_tokens(self) -> int | None:
+        """The prefix tokens the hash covers (the block's end), None without one."""
+        entry = self._hashes.hash_entry(self._core_id)
+        return None if entry is None else entry[1]
+
+    @_block_hash_num_tokens.setter
+    def _block_hash_num_tokens(self, value: object) -> None:
+        self._refuse(f"_block_hash_num_tokens = {value!r}")
+
+    def set_block_hash(self, block_hash: object, num_tokens: int | None = None) -> None:
+        self._refuse("set_block_hash()")
+
+    def reset_hash(self) -> None:
+        self._refuse("reset_hash()")
+
+    def _refuse(self, what: str) -> None:
+        raise UnsupportedByPrefixKV(f"KVCacheBlock({self.block_id}).{what}: prefixkv's pool keeps the "
+                                    f"count and the content; its manager alone changes them")

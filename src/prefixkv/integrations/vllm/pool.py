@@ -6,8 +6,8 @@ request), ``1 .. num_blocks - 1`` are the blocks requests get. prefixkv's pool h
 those (``offset`` maps: vLLM id = prefixkv id + offset; 0 when prefixkv's hybrid manager
 keeps its own null block at 0, 1 otherwise). One ``KVCacheBlock`` per id is made once
 and handed out in every result: a ``PoolBlock`` (block_objects.py) whose ``ref_cnt`` reads
-prefixkv's count when asked; hashes and the free queue live in prefixkv, not in these
-objects (a caller that reads ``block_hash`` of them sees None).
+prefixkv's count and whose ``block_hash`` reads vLLM's hash of what it holds
+(block_hash_view.py) when asked; the free queue lives in prefixkv, not in these objects.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from prefixkv.errors import RequestError, check_count
 
 from .block_hashes import CachedBlocks, HashLookups
-from .block_objects import PoolBlock, RefCount
+from .block_objects import HashSource, PoolBlock, RefCount
 from .layout import UnsupportedByPrefixKV
 
 __all__ = ["BlockPoolView", "Blocks"]
@@ -34,6 +34,7 @@ class Blocks:
 
     def __init__(self, num_blocks: int, num_groups: int, offset: int, refs: RefCount) -> None:
         self.offset, self._refs = offset, refs
+        self.hashes: HashSource | None = None  # (the pool view's, set once it is built)
         self.table: list[KVCacheBlock] = [self.fresh(i) for i in range(num_blocks)]
         # the object of prefixkv block id i is ``at(i)`` (``table[i + offset]``; the table
         # is never changed): ``of`` maps a group's ids in one C pass, not bytecodes an id
@@ -46,7 +47,12 @@ class Blocks:
         count 0), else a ``PoolBlock`` reading prefixkv's count of it."""
         if not block_id:
             return KVCacheBlock(0, is_null=True)
-        return PoolBlock(block_id, self._refs, block_id - self.offset)
+        return PoolBlock(block_id, self._refs, block_id - self.offset, self)
+
+    def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
+        """``hashes.hash_entry`` (block_objects.py's ``HashSource``); None before it is set."""
+        h = self.hashes
+        return None if h is None else h.hash_entry(core_id)
 
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
@@ -140,6 +146,7 @@ class BlockPoolView:
         self._free, self._evict, self._count, self._events = free_fn, evict_fn, free_count, events_fn
         self.free_block_queue = _FreeQueueView(free_count, blocks, free_order)
         self._hashes = hashes
+        blocks.hashes = hashes.block_view  # (the block objects' hash: block_hash_view.py)
         self.cached_block_hash_to_block = CachedBlocks(hashes)
         self.kv_event_queue = _EventQueueView(pending_events)
 
@@ -156,6 +163,14 @@ class BlockPoolView:
         """Return blocks from ``pop_blocks_for_free`` to the pool (any order: prefixkv
         releases a request's blocks tail first). Raises RequestError for other blocks."""
         self._free(ordered_blocks)
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """vLLM's ``touch`` takes a reference on blocks (a connector keeping them while it
+        copies them: SimpleCPUOffload's stores): prefixkv's counts are changed by its
+        manager alone, so this raises UnsupportedByPrefixKV."""
+        raise UnsupportedByPrefixKV("block_pool.touch: prefixkv's pool keeps the reference counts; only "
+                                    "its manager's calls change them (a connector that holds blocks of "
+                                    "vLLM's pool while it copies them is not served)")
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make the content of these vLLM block ids unfindable (e.g. KV a connector
