@@ -40,8 +40,8 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse", "core.store_readmit", "core.store_holds"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.tails", "groups.results", "groups.request", "groups.free_runs",
-          "groups.free_hits",
+          "groups.events", "groups.tails", "groups.fine", "groups.results", "groups.request",
+          "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins",
