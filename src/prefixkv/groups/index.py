@@ -81,9 +81,8 @@ class GroupIndex:
     def num_blocks_of(self, node: Prefix) -> int:
         """Blocks of every group that hold ``node``'s prefix (primaries and spares)."""
         pid = node.pid
-        fine = len(self.fine.holders_of(node)) if self.fine else 0
-        return fine + sum((pid in e) + len(t.get(pid, ()))
-                          for e, t in zip(self.entries, self.twins, strict=True))
+        n = sum((pid in e) + len(t.get(pid, ())) for e, t in zip(self.entries, self.twins, strict=True))
+        return n + len(self.fine.holders_of(node)) if self.fine else n
 
     def own(self, g: int, blocks: Sequence[Block]) -> None:
         """Blocks just taken from the pool now belong to group ``g``."""
@@ -102,8 +101,12 @@ class GroupIndex:
         prefix (computed after KV found invalid) holds none."""
         entries, sink, spec, held = self.entries[g], self._sink, self.specs[g], self.nodes
         for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
-            if b is None or held[b.block_id] is not None or node.lost:
-                continue  # released (by a rewound request), recorded already, or lost
+            if b is None or node.lost:
+                continue  # released (by a rewound request), or lost
+            if held[b.block_id] is not None:  # recorded already, or (fine.py) promoted
+                if not self.fine or self.fine.get(b.block_id, (0, None))[1] is not held[b.block_id]:
+                    continue
+                self._unindex(b)  # (its only content was its partial entry: vLLM's promotion)
             held[b.block_id] = node
             b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
@@ -197,8 +200,6 @@ class GroupIndex:
         assert node is not None, b
         self.nodes[b.block_id] = None
         b.key = None
-        if self.fine and self.fine.drop(b) is node:  # (its only content was a partial entry)
-            return
         twins = self.twins[g]
         if b.twin:
             b.twin = False
@@ -208,23 +209,31 @@ class GroupIndex:
                 del twins[node.pid]
             if self.tails:
                 self.tails.drop(b)
+            if self.fine:
+                self.fine.drop(b)
             self.table.unhold(node)
             return
-        assert self.entries[g].get(node.pid) is b, b
+        entries = self.entries[g]
+        if entries.get(node.pid) is not b:  # (its only content was a partial entry: fine.py)
+            entry = self.fine.drop(b)
+            assert entry is node, b
+            return
+        if self.fine:
+            self.fine.drop(b)
         heirs = twins.get(node.pid)
         if heirs:
             heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
             if not heirs:
                 del twins[node.pid]
             heir.twin = False
-            self.entries[g][node.pid] = heir
+            entries[node.pid] = heir
             # (the snapshot restates the announcement with the heir's id)
             heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
             self.table.unhold(node)
             if self.tails:
                 self.tails.drop(b)
             return
-        del self.entries[g][node.pid]
+        del entries[node.pid]
         if self._sink.active:
             assert node.hash is not None, f"{node!r} was announced without its chain hash"
             self._withdraw((node.hash,), b, g)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
 from ..errors import ConfigError, RequestError
+from . import partial_full
 from .prefixes import Prefix
 from .results import GroupBlockCopy
 from .spec import FULL, GroupSpec
@@ -46,28 +47,36 @@ if TYPE_CHECKING:
 def check_partial(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     """Raises ConfigError unless partial hits are served on groups ``specs`` of
     ``sizes``: Mamba groups, all of one size larger than the hash block, every other
-    group full attention of the hash block's size."""
+    group full attention, all of one size, a multiple of the hash block (larger:
+    partial_full.py)."""
     h = sizes.hash_size
     mamba = {b for s, b in zip(specs, sizes.sizes, strict=True) if s.sparse}
     rest = {(s.kind, b) for s, b in zip(specs, sizes.sizes, strict=True) if not s.sparse}
-    if len(mamba) != 1 or min(mamba) <= h or not rest <= {(FULL, h)}:
+    if len(mamba) != 1 or min(mamba) <= h or len(rest) > 1 or any(k != FULL or b % h for k, b in rest):
         raise ConfigError(f"partial hits are served with Mamba groups of one block size larger than "
-                          f"the hash block ({h}) and full-attention groups of the hash block's size, "
-                          f"got {[s.kind for s in specs]} of {list(sizes.sizes)} (docs/groups.md)")
+                          f"the hash block ({h}) and full-attention groups of one size, a multiple of "
+                          f"the hash block, got {[s.kind for s in specs]} of {list(sizes.sizes)} "
+                          f"(docs/groups.md)")
 
 
 def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:
     """The hit in hash blocks: the most of ``nodes`` (at most ``limit``) that every
-    full-attention group finds whole and at whose last every Mamba group finds a block."""
+    full-attention group finds (its whole blocks, then, larger than the hash block, a
+    partial entry inside the next: ``partial_full.extend``) and at whose last every
+    Mamba group finds a block."""
     find, top = self._index.find, min(limit, len(nodes))
+    cap, s = top, 1
     for g, spec in enumerate(self.groups):
         if not spec.sparse:
+            s = self._group_sizes[g] // self._hash_size
             k = 0
-            for found in self._index.finds(g, nodes[:top]):
+            for found in self._index.finds(g, nodes[s - 1:top:s]):
                 if not found:
                     break
                 k += 1
-            top = k
+            top = k * s
+    if s > 1:
+        top = partial_full.extend(self, nodes, top, cap)
     for k in range(top, 0, -1):
         if all(find(g, nodes[k - 1]) is not None for g in self._sparse):
             return k
@@ -77,8 +86,11 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
 def hit_rows(self: HybridKVCacheManager, nodes: Sequence[Prefix], cuts: list[int],
              rows: list[list[Block]]) -> None:
     """A hit inside a Mamba block: each Mamba group's row is the block found under the
-    hit's last prefix id (its cut, the entries below it, unchanged)."""
+    hit's last prefix id (its cut, the entries below it, unchanged); inside a block of
+    full attention larger than the hash block: partial_full.rows."""
     hit = len(nodes) * self._hash_size
+    if self._fine and hit % self._group_sizes[self._fine[0]]:
+        partial_full.rows(self, nodes, rows)
     for g in self._sparse:
         b = self._group_sizes[g]
         if hit % b and cuts[g] == (hit - 1) // b:
@@ -87,10 +99,11 @@ def hit_rows(self: HybridKVCacheManager, nodes: Sequence[Prefix], cuts: list[int
 
 def cows(self: HybridKVCacheManager, hit: int, cuts: Sequence[int],
          hits: Sequence[Sequence[Block]]) -> set[int]:
-    """The Mamba groups whose hit of ``hit`` tokens ends inside their block (a copy on
-    write: one more block each)."""
-    return {g for g in self._sparse if hit % self._group_sizes[g] and hits[g]
-            and cuts[g] == (hit - 1) // self._group_sizes[g]}
+    """The Mamba groups, and full-attention groups larger than the hash block, whose
+    hit of ``hit`` tokens ends inside their block (a copy on write: one more block
+    each)."""
+    return {g for g in (*self._sparse, *self._fine) if hit % self._group_sizes[g] and hits[g]
+            and cuts[g] + len(hits[g]) == -(-hit // self._group_sizes[g])}
 
 
 def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, j: int, copy: Block) -> None:

@@ -1,0 +1,80 @@
+"""vLLM's fine-grained partial hits with a full-attention group larger than the hash
+block (groups/partial_full.py, groups/fine.py), by hand: the scenes of vLLM 0.33's
+tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py (hash block 2, full
+attention at 4, Mamba at 4)."""
+
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
+from prefixkv.groups.results import GroupBlockCopy
+from prefixkv.hashing import encode_tokens, token_bytes
+
+PROMPT = [0, 0, 1, 1, 2, 2, 3]
+
+
+def _manager(num_blocks=24, events=False):
+    return HybridKVCacheManager([full_attention(), mamba()], num_blocks,
+                                BlockSizes.of([4, 4], 2, partial=True), hash_mode="sha256",
+                                enable_events=events, max_events=64)
+
+
+def test_a_hit_on_full_attentions_partial_entry_is_copied_on_write():
+    m = _manager()
+    m.add_request("0", PROMPT, num_new_tokens=6)  # (the prompt's last boundary, 6, inside block 1)
+    full, state = m.get_block_ids("0")[0][1], m.get_block_ids("0")[1][1]
+    m.free("0")
+    assert m.cached_block_ids(PROMPT, 6) == (full, state)  # (both partial entries)
+    assert m.lookup([0, 0, 1, 1, 2, 2, 3, 3]) == 6
+    assert m.lookup_block_ids([0, 0, 1, 1, 2, 2, 3, 3])[0][1] == full
+    adm = m.add_request("1", [0, 0, 1, 1, 2, 2, 3, 3], num_new_tokens=2)
+    assert adm.num_cached_tokens == 6
+    copy = adm.group_block_ids[0][1]
+    assert copy != full and len(adm.group_block_ids[0]) == 2  # (the copy, in the source's place)
+    ops = m.take_kv_ops()
+    assert GroupBlockCopy(full, copy, group_idx=0) in ops and len(ops) == 2
+    assert m.cached_block_ids(PROMPT, 6)[0] == full  # (the source keeps its entry: found first)
+    m.check_invariants()
+    free = m.num_free_blocks
+    m.release_copies(ops)
+    assert m.num_free_blocks == free + 2  # (both sources: no request holds them now)
+    m.check_invariants()
+
+
+def test_the_copy_holds_the_entry_after_its_source_and_is_cached_once_whole():
+    m = _manager()
+    m.add_request("0", PROMPT, num_new_tokens=6)
+    full = m.get_block_ids("0")[0][1]
+    m.free("0")
+    m.add_request("1", PROMPT, num_new_tokens=1)  # (hit 6: the same prompt's last boundary)
+    copy = m.get_block_ids("1")[0][1]
+    assert m.prefix_probe(PROMPT).copies(6, 0) == (full, copy)  # (vLLM caches every copy)
+    m.release_copies(m.take_kv_ops())
+    assert m.append_tokens("1", [3]) is not None  # (the copy is whole: promoted)
+    assert m.cached_block_ids([*PROMPT, 3], 8)[0] == copy
+    assert m.prefix_probe(PROMPT).copies(6, 0) == (full, copy)
+    m.check_invariants()
+
+
+def test_promotion_announces_the_entry_removed_the_block_stored_then_the_entry_again():
+    m = _manager(events=True)
+    m.add_request("0", [*PROMPT, 3], num_new_tokens=6)  # (its last boundary: 6 again)
+    whole, entry = [e for e in m.take_events() if e.group_idx == 0]
+    assert (whole.block_size, entry.block_size, entry.first_block) == (4, 2, 2)  # (entry: tokens 4..5)
+    assert entry.token_bytes == token_bytes(encode_tokens([2, 2]))
+    assert m.extend("0", 2) is not None  # (block 1 whole)
+    got = [(type(e).__name__, e.block_size if hasattr(e, "token_bytes") else None)
+           for e in m.take_events() if e.group_idx == 0]
+    assert got == [("GroupBlockRemoved", None), ("GroupBlockStored", 4), ("GroupBlockStored", 2)]
+    m.check_invariants()
+
+
+def test_a_hit_inside_a_block_found_whole_is_copied_too():
+    m = HybridKVCacheManager([full_attention(), mamba()], 24, BlockSizes.of([8, 4], 2, partial=True),
+                             hash_mode="sha256")
+    m.add_request("0", [0, 0, 1, 1, 2, 2, 3, 3, 5], num_new_tokens=4)  # (Mamba's state at 4)
+    m.extend("0", 5)
+    whole = m.get_block_ids("0")[0][0]
+    m.free("0")
+    assert m.lookup([0, 0, 1, 1, 2, 2, 3, 3, 6]) == 4  # (block 0 found whole, Mamba's state at 4)
+    adm = m.add_request("1", [0, 0, 1, 1, 2, 2, 3, 3, 6], num_new_tokens=1)
+    ops = m.take_kv_ops()
+    assert GroupBlockCopy(whole, adm.group_block_ids[0][0], group_idx=0) in ops
+    m.check_invariants()
