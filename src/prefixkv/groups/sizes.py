@@ -53,9 +53,9 @@ class BlockSizes:
         ``partial``: vLLM's fine-grained partial hits (hits and caching at the hash
         block, Mamba states found inside their blocks: groups/partial.py, which the
         manager checks the groups against; and full attention's partial entries where
-        its blocks are larger than the hash block: groups/partial_full.py). ``checkpoints``: vLLM's chunk-end checkpoint
-        blocks, one per Mamba group at the hash block's alignment (groups/checkpoints.py;
-        with ``partial`` only). Raises ConfigError: no sizes, a size (or
+        its blocks are larger than the hash block: groups/partial_full.py).
+        ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group at the
+        hash block's alignment (groups/checkpoints.py; with ``partial`` only). Raises ConfigError: no sizes, a size (or
         ``hash_size``, ``align``) not a positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
