@@ -61,22 +61,28 @@ def check_partial(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
 
 def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:
     """The hit in hash blocks: the most of ``nodes`` (at most ``limit``) that every
-    full-attention group finds (its whole blocks, then, larger than the hash block, a
-    partial entry inside the next: ``partial_full.extend``) and at whose last every
-    Mamba group finds a block."""
+    full-attention group finds whole and at whose last every Mamba group finds a block
+    (full attention larger than the hash block: ``partial_full.longest_hit``)."""
+    if self._fine:
+        return partial_full.longest_hit(self, nodes, limit)
     find, top = self._index.find, min(limit, len(nodes))
-    cap, s = top, 1
     for g, spec in enumerate(self.groups):
         if not spec.sparse:
-            s = self._group_sizes[g] // self._hash_size
             k = 0
-            for found in self._index.finds(g, nodes[s - 1:top:s]):
+            for found in self._index.finds(g, nodes[:top]):
                 if not found:
                     break
                 k += 1
-            top = k * s
-    if s > 1:
-        top = partial_full.extend(self, nodes, top, cap)
+            top = k
+    for k in range(top, 0, -1):  # (``mamba_hit``, inlined: one call less an admission)
+        if all(find(g, nodes[k - 1]) is not None for g in self._sparse):
+            return k
+    return 0
+
+
+def mamba_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], top: int) -> int:
+    """The most of ``nodes[:top]`` at whose last every Mamba group finds a block."""
+    find = self._index.find
     for k in range(top, 0, -1):
         if all(find(g, nodes[k - 1]) is not None for g in self._sparse):
             return k

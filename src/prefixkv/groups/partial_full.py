@@ -30,12 +30,29 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block
-from . import fine
+from . import fine, partial
 from .prefixes import Prefix
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
     from .request import GroupRequest
+
+
+def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:
+    """``partial.longest_hit`` beside full attention larger than the hash block: full
+    attention's run of whole blocks (every such group), then ``extend`` inside the next,
+    then the Mamba groups take the hit down (``partial.mamba_hit``)."""
+    cap = min(limit, len(nodes))
+    s = self._group_sizes[self._fine[0]] // self._hash_size
+    top = cap
+    for g in self._fine:
+        k = 0
+        for found in self._index.finds(g, nodes[s - 1:top:s]):
+            if not found:
+                break
+            k += 1
+        top = k * s
+    return partial.mamba_hit(self, nodes, extend(self, nodes, top, cap))
 
 
 def extend(self: HybridKVCacheManager, nodes: Sequence[Prefix], run: int, cap: int) -> int:
