@@ -56,11 +56,10 @@ class BlockSizes:
         its blocks are larger than the hash block: groups/partial_full.py).
         ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group at the
         hash block's alignment (groups/checkpoints.py; with ``partial`` only). Raises
-        ConfigError: no sizes, a size (or
-        ``hash_size``, ``align``) not a positive int, a size not a multiple of
-        ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
-        group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
-        without ``partial``."""
+        ConfigError: no sizes, a size (or ``hash_size``, ``align``) not a positive int, a
+        size not a multiple of ``hash_size``, ``align`` not a multiple of every size,
+        ``peek`` not one bool per group, ``partial`` not a bool or with ``peek``,
+        ``checkpoints`` not a bool or without ``partial``."""
         try:
             got = tuple(sizes)
         except TypeError:
