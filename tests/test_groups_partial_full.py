@@ -78,3 +78,12 @@ def test_a_hit_inside_a_block_found_whole_is_copied_too():
     ops = m.take_kv_ops()
     assert GroupBlockCopy(whole, adm.group_block_ids[0][0], group_idx=0) in ops
     m.check_invariants()
+
+
+def test_full_attention_alone_serves_its_partial_entry():
+    m = _manager()
+    m.add_request("0", PROMPT, num_new_tokens=6)  # (full attention's entry at 6; Mamba's too)
+    m.free("0")
+    # (vLLM's lookup of full attention alone, the junction's first group: whole block 0,
+    # then the entry at 6 inside block 1)
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3])[0] == 6

@@ -55,6 +55,19 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
     return partial.mamba_hit(self, nodes, extend(self, nodes, top, cap))
 
 
+def alone(self: HybridKVCacheManager, nodes: Sequence[Prefix], g: int, run: int) -> int:
+    """What full-attention group ``g`` alone serves of ``nodes`` (all within the cap),
+    in hash blocks, its run of whole blocks being ``run``: the longest boundary inside
+    the next block whose partial entry it holds, else ``run`` (vLLM's lookup of that
+    group alone: ``lookup_per_group``, the junction's first group)."""
+    s = self._group_sizes[g] // self._hash_size
+    found = self._index.fine.find
+    for i in range(min(run + s - 1, len(nodes)) - 1, run - 1, -1):
+        if found(g, nodes[i]) is not None:
+            return i + 1
+    return run
+
+
 def extend(self: HybridKVCacheManager, nodes: Sequence[Prefix], run: int, cap: int) -> int:
     """vLLM's phase 2: the longest hash boundary inside the block after full attention's
     run of ``run`` hash blocks (and at most ``cap``) at which every such group finds a

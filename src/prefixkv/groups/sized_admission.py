@@ -54,6 +54,8 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
+        for g in self._fine:  # (vLLM's full attention alone looks inside its next block too)
+            alone[g] = partial_full.alone(self, nodes, g, alone[g])
     if sizes.partial:
         return nodes[:partial.longest_hit(self, nodes, len(nodes))]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
