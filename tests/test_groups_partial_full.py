@@ -87,3 +87,20 @@ def test_full_attention_alone_serves_its_partial_entry():
     # (vLLM's lookup of full attention alone, the junction's first group: whole block 0,
     # then the entry at 6 inside block 1)
     assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3])[0] == 6
+
+
+def test_a_copy_freed_as_a_spare_returns_empty_in_the_order_given():
+    # (two requests copy the same entry on write and cache the same whole block; the
+    # second's copy is a spare of the first's: freed with the copies, it returns empty,
+    # before the Mamba copy given after it, as vLLM's free_blocks orders them)
+    m = HybridKVCacheManager([full_attention(), mamba()], 40, BlockSizes.of([8, 16], 4, partial=True),
+                             hash_mode="sha256")
+    stem = [1 + k % 7 for k in range(16)]
+    m.add_request("0", stem[:13], num_new_tokens=12)  # (the entries at 12)
+    m.add_request("1", stem[:15] + [0])
+    m.add_request("2", stem[:15] + [0])
+    copies = m.take_kv_ops()
+    m.free("2")
+    m.release_copies(copies)
+    assert m.free_block_order()[:2] == [copies[2].dst, copies[3].dst]
+    m.check_invariants()

@@ -215,9 +215,10 @@ def release_copies(self: HybridKVCacheManager, copies: Sequence[GroupBlockCopy])
     held[:] = left
     going = [b for b in order if b.refs == 1]
     # (vLLM's order: cached ones evicted in the order given, empty ones reused in the
-    # order given; prefixkv's release reuses the empty ones given last first)
-    self._pool.release([b for b in order if b.refs > 1 or b.key is not None]
-                       + [b for b in reversed(going) if b.key is None])
+    # order given; prefixkv's release reuses the empty ones given last first; a spare
+    # going returns empty: groups/index.py)
+    self._pool.release([b for b in order if b.refs > 1 or b.key is not None and not b.twin]
+                       + [b for b in reversed(going) if b.key is None or b.twin])
 
 
 def _queue(self: HybridKVCacheManager, g: int, source: Block, copy: Block) -> None:
