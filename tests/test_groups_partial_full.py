@@ -104,3 +104,24 @@ def test_a_copy_freed_as_a_spare_returns_empty_in_the_order_given():
     m.release_copies(copies)
     assert m.free_block_order()[:2] == [copies[2].dst, copies[3].dst]
     m.check_invariants()
+
+
+def test_a_free_primary_takes_its_freed_spares_place_among_the_cached_ones():
+    # (the scene above with both copying requests freed first: their copies 4 and 5 go
+    # cached, then 6 and 7, their spares, go empty; vLLM keeps 6 and 7 cached after 4
+    # and 5, so under the twin rule 4 takes 6's place, then 5 takes 7's: 4 before 5)
+    m = HybridKVCacheManager([full_attention(), mamba()], 40, BlockSizes.of([8, 16], 4, partial=True),
+                             hash_mode="sha256")
+    stem = [1 + k % 7 for k in range(16)]
+    m.add_request("0", stem[:13], num_new_tokens=12)
+    m.add_request("1", stem[:15] + [0])
+    m.add_request("2", stem[:15] + [0])
+    copies = m.take_kv_ops()
+    first, spare = copies[:2], copies[2:]
+    m.free("1")
+    m.free("2")
+    m.release_copies(copies)
+    order = m.free_block_order()
+    assert order[:2] == [c.dst for c in spare]  # (returned empty, reused in the order given)
+    assert order[-2:] == [c.dst for c in first]
+    m.check_invariants()

@@ -213,12 +213,10 @@ def release_copies(self: HybridKVCacheManager, copies: Sequence[GroupBlockCopy])
     blocks = self._pool.blocks
     order = [blocks[i] for c in copies for i in (c.src, c.dst)]
     held[:] = left
-    going = [b for b in order if b.refs == 1]
     # (vLLM's order: cached ones evicted in the order given, empty ones reused in the
-    # order given; prefixkv's release reuses the empty ones given last first; a spare
-    # going returns empty: groups/index.py)
-    self._pool.release([b for b in order if b.refs > 1 or b.key is not None and not b.twin]
-                       + [b for b in reversed(going) if b.key is None or b.twin])
+    # order given, as the pool's ``free``; a spare going returns empty among them, and
+    # its primary, if free, takes the spare's place among the cached ones: groups/index.py)
+    self._pool.free(order)
 
 
 def _queue(self: HybridKVCacheManager, g: int, source: Block, copy: Block) -> None:
