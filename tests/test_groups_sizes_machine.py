@@ -48,11 +48,13 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
     checkpoint_alignment: int | None = None  # (theirs, vLLM's prefill_checkpoint_alignment; None: hash)
     retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
+    hash_size: int | None = None  # (default: BlockSizes.of's)
 
     @initialize()
     def setup(self):
-        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial,
-                              checkpoints=self.checkpoints, checkpoint_alignment=self.checkpoint_alignment)
+        sizes = BlockSizes.of([b for b, _ in self.groups], self.hash_size, peek=self.peek or (),
+                              partial=self.partial, checkpoints=self.checkpoints,
+                              checkpoint_alignment=self.checkpoint_alignment)
         retained = self.retained or (0,) * len(self.groups)
         specs = [full_attention() if w is None else mamba() if w == "mamba" else
                  sliding_window(w, e, retention=self.retention)

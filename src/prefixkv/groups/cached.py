@@ -33,7 +33,8 @@ def cached_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     primary: the first made of those holding it), or, where ``num_tokens`` falls inside
     a block of the group, the block holding a partial tail entry there (tails.py: kept
     only while events are on; with partial hits, a Mamba group's partial entry:
-    groups/partial.py); None where the group holds neither now (a window's
+    groups/partial.py, or full attention's: groups/fine.py);
+    None where the group holds neither now (a window's
     block never recorded, evicted, or past what ``BlockSizes.caches`` keeps). Changes
     nothing. Takes a ``Prompt``. Raises RequestError for a bad ``num_tokens``, and as
     ``add_request`` for bad input. (One prompt asked again and again: ``prefix_probe``.)"""
@@ -96,6 +97,8 @@ class PrefixProbe:
             if block is None:
                 return ()
             return (block.block_id, *(s.block_id for s in index.twins[g].get(node.pid, ())))
+        if g in m._fine:  # (full attention's partial entries, in vLLM's order: fine.py)
+            return tuple(b.block_id for b in index.fine.holders.get((g, node.pid), ()))
         return tuple(i for i, tail in index.tails.items()
                      if tail.group_idx == g and node.hash is not None and tail.block_hashes[0] == node.hash)
 

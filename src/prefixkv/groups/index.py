@@ -31,6 +31,7 @@ from ..events import Event
 from ..extra_keys import ExtraKeys
 from ..hashing import token_bytes
 from .events import GroupBlockRemoved, GroupBlockStored
+from .fine import FineEntries
 from .prefixes import Prefix, PrefixTable
 from .spec import GroupSpec
 from .tails import PartialTails
@@ -61,6 +62,7 @@ class GroupIndex:
         self._sink = sink
         self.hashing = sink.active
         self.tails = PartialTails(sink)  # (vLLM's partial tail entries: tails.py)
+        self.fine = FineEntries(sink, table, len(specs))  # (findable partial entries: fine.py)
         # ``uncache`` calls that took content from a held block (``GroupRequest.losses``)
         self.losses = 0
 
@@ -79,7 +81,8 @@ class GroupIndex:
     def num_blocks_of(self, node: Prefix) -> int:
         """Blocks of every group that hold ``node``'s prefix (primaries and spares)."""
         pid = node.pid
-        return sum((pid in e) + len(t.get(pid, ())) for e, t in zip(self.entries, self.twins, strict=True))
+        n = sum((pid in e) + len(t.get(pid, ())) for e, t in zip(self.entries, self.twins, strict=True))
+        return n + len(self.fine.holders_of(node)) if self.fine else n
 
     def own(self, g: int, blocks: Sequence[Block]) -> None:
         """Blocks just taken from the pool now belong to group ``g``."""
@@ -98,8 +101,12 @@ class GroupIndex:
         prefix (computed after KV found invalid) holds none."""
         entries, sink, spec, held = self.entries[g], self._sink, self.specs[g], self.nodes
         for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
-            if b is None or held[b.block_id] is not None or node.lost:
-                continue  # released (by a rewound request), recorded already, or lost
+            if b is None or node.lost:
+                continue  # released (by a rewound request), or lost
+            if held[b.block_id] is not None:  # recorded already, or (fine.py) promoted
+                if not self.fine or self.fine.get(b.block_id, (0, None))[1] is not held[b.block_id]:
+                    continue
+                self._unindex(b)  # (its only content was its partial entry: vLLM's promotion)
             held[b.block_id] = node
             b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
@@ -148,12 +155,20 @@ class GroupIndex:
             if node is None:
                 continue
             self.losses += 1
-            if b.twin or self.twins[owner[b.block_id]].get(node.pid):
+            if b.twin or self.twins[owner[b.block_id]].get(node.pid) \
+                    or self.fine and len(self.fine.holders_of(node)) > 1:  # (others keep it found)
                 self._unindex(b)
             else:
                 roots.append(node)
         freed: list[Block] = []
         for node in self.table.forget([n for n in roots if not n.lost]) if roots else ():
+            for x in self.fine.holders_of(node) if self.fine else ():  # (fine.py)
+                if held[x.block_id] is node:
+                    self._unindex(x)
+                    if not x.ref_cnt:
+                        freed.append(x)
+                else:
+                    self.fine.drop(x)
             for g, entries in enumerate(self.entries):
                 for spare in self.twins[g].get(node.pid, ())[::-1]:
                     self._unindex(spare)
@@ -194,23 +209,31 @@ class GroupIndex:
                 del twins[node.pid]
             if self.tails:
                 self.tails.drop(b)
+            if self.fine:
+                self.fine.drop(b)
             self.table.unhold(node)
             return
-        assert self.entries[g].get(node.pid) is b, b
+        entries = self.entries[g]
+        if entries.get(node.pid) is not b:  # (its only content was a partial entry: fine.py)
+            entry = self.fine.drop(b)
+            assert entry is node, b
+            return
+        if self.fine:
+            self.fine.drop(b)
         heirs = twins.get(node.pid)
         if heirs:
             heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
             if not heirs:
                 del twins[node.pid]
             heir.twin = False
-            self.entries[g][node.pid] = heir
+            entries[node.pid] = heir
             # (the snapshot restates the announcement with the heir's id)
             heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
             self.table.unhold(node)
             if self.tails:
                 self.tails.drop(b)
             return
-        del self.entries[g][node.pid]
+        del entries[node.pid]
         if self._sink.active:
             assert node.hash is not None, f"{node!r} was announced without its chain hash"
             self._withdraw((node.hash,), b, g)
@@ -242,6 +265,7 @@ class GroupIndex:
                 if b.event is not None:
                     out.append(b.event)
             out += self.tails.of_group(g)
+            out += self.fine.of_group(g)
         return out
 
     def clear(self) -> None:
@@ -250,6 +274,7 @@ class GroupIndex:
         for t in self.twins:
             t.clear()
         self.tails.clear()
+        self.fine.clear()
         self.nodes = [None] * len(self.nodes)
         self.table.clear()
 
@@ -266,14 +291,15 @@ class GroupIndex:
                     if self._holds(b, g, pid) or not b.twin or not b.ref_cnt \
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
-        tails = self.tails.mismatch(self.nodes, self.entries, self.twins)
+        tails = self.tails.mismatch(self.nodes, self.entries, self.twins) \
+            or self.fine.mismatch(self.nodes, self.owner)
         if tails is not None:
             return tails
         for b in blocks:
             node = self.nodes[b.block_id]
             if (b.key is None) != (node is None):
                 return f"block {b.block_id}: key {b.key!r} but prefix {node!r}"
-            if node is not None:
+            if node is not None and not self.fine.holds(b, node):
                 g = self.owner[b.block_id]
                 if g < 0 or (b not in self.twins[g].get(node.pid, ()) if b.twin
                              else self.entries[g].get(node.pid) is not b):
@@ -296,5 +322,7 @@ class GroupIndex:
                 refs[pid] = refs.get(pid, 0) + 1
             for pid, listed in twins.items():
                 refs[pid] = refs.get(pid, 0) + len(listed)
+        for (_, pid), listed in self.fine.holders.items():
+            refs[pid] = refs.get(pid, 0) + len(listed)
         return refs
 

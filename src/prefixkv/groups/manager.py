@@ -34,7 +34,7 @@ from ..stats import PrefixCacheStats, StatsCounter
 from . import admission, cached, checkpoints, decode, forks, growth, manager_check, partial, parts, release
 from .index import GroupIndex
 from .pins import RewindPins
-from .prefixes import PrefixTable
+from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .results import GroupBlockCopy, GroupStats
 from .sizes import BlockSizes
@@ -92,6 +92,8 @@ class HybridKVCacheManager:
     _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
     _held_copies: list[GroupBlockCopy] | None = None  # copies on write holding their blocks
     _owners: partial.Owners | None = None  # (request id -> the partial entries it owns)
+    _fine: tuple[int, ...] = ()  # full-attention groups larger than the hash block (partial_full.py)
+    _fine_top: tuple[Sequence[Prefix], int, int] | None = None  # (partial_full.extend)
     _checkpoints: checkpoints.Steps | None = None  # (request id -> its last step's checkpoints)
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups

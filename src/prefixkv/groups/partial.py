@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
 from ..errors import ConfigError, RequestError
+from . import partial_full
 from .prefixes import Prefix
 from .results import GroupBlockCopy
 from .spec import FULL, GroupSpec
@@ -46,19 +47,24 @@ if TYPE_CHECKING:
 def check_partial(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     """Raises ConfigError unless partial hits are served on groups ``specs`` of
     ``sizes``: Mamba groups, all of one size larger than the hash block, every other
-    group full attention of the hash block's size."""
+    group full attention, all of one size, a multiple of the hash block (larger:
+    partial_full.py)."""
     h = sizes.hash_size
     mamba = {b for s, b in zip(specs, sizes.sizes, strict=True) if s.sparse}
     rest = {(s.kind, b) for s, b in zip(specs, sizes.sizes, strict=True) if not s.sparse}
-    if len(mamba) != 1 or min(mamba) <= h or not rest <= {(FULL, h)}:
+    if len(mamba) != 1 or min(mamba) <= h or len(rest) > 1 or any(k != FULL or b % h for k, b in rest):
         raise ConfigError(f"partial hits are served with Mamba groups of one block size larger than "
-                          f"the hash block ({h}) and full-attention groups of the hash block's size, "
-                          f"got {[s.kind for s in specs]} of {list(sizes.sizes)} (docs/groups.md)")
+                          f"the hash block ({h}) and full-attention groups of one size, a multiple of "
+                          f"the hash block, got {[s.kind for s in specs]} of {list(sizes.sizes)} "
+                          f"(docs/groups.md)")
 
 
 def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:
     """The hit in hash blocks: the most of ``nodes`` (at most ``limit``) that every
-    full-attention group finds whole and at whose last every Mamba group finds a block."""
+    full-attention group finds whole and at whose last every Mamba group finds a block
+    (full attention larger than the hash block: ``partial_full.longest_hit``)."""
+    if self._fine:
+        return partial_full.longest_hit(self, nodes, limit)
     find, top = self._index.find, min(limit, len(nodes))
     for g, spec in enumerate(self.groups):
         if not spec.sparse:
@@ -68,6 +74,15 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
                     break
                 k += 1
             top = k
+    for k in range(top, 0, -1):  # (``mamba_hit``, inlined: one call less an admission)
+        if all(find(g, nodes[k - 1]) is not None for g in self._sparse):
+            return k
+    return 0
+
+
+def mamba_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], top: int) -> int:
+    """The most of ``nodes[:top]`` at whose last every Mamba group finds a block."""
+    find = self._index.find
     for k in range(top, 0, -1):
         if all(find(g, nodes[k - 1]) is not None for g in self._sparse):
             return k
@@ -77,8 +92,11 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
 def hit_rows(self: HybridKVCacheManager, nodes: Sequence[Prefix], cuts: list[int],
              rows: list[list[Block]]) -> None:
     """A hit inside a Mamba block: each Mamba group's row is the block found under the
-    hit's last prefix id (its cut, the entries below it, unchanged)."""
+    hit's last prefix id (its cut, the entries below it, unchanged); inside a block of
+    full attention larger than the hash block: partial_full.rows."""
     hit = len(nodes) * self._hash_size
+    if self._fine and hit % self._group_sizes[self._fine[0]]:
+        partial_full.rows(self, nodes, rows)
     for g in self._sparse:
         b = self._group_sizes[g]
         if hit % b and cuts[g] == (hit - 1) // b:
@@ -87,10 +105,11 @@ def hit_rows(self: HybridKVCacheManager, nodes: Sequence[Prefix], cuts: list[int
 
 def cows(self: HybridKVCacheManager, hit: int, cuts: Sequence[int],
          hits: Sequence[Sequence[Block]]) -> set[int]:
-    """The Mamba groups whose hit of ``hit`` tokens ends inside their block (a copy on
-    write: one more block each)."""
-    return {g for g in self._sparse if hit % self._group_sizes[g] and hits[g]
-            and cuts[g] == (hit - 1) // self._group_sizes[g]}
+    """The Mamba groups, and full-attention groups larger than the hash block, whose
+    hit of ``hit`` tokens ends inside their block (a copy on write: one more block
+    each)."""
+    return {g for g in (*self._sparse, *self._fine) if hit % self._group_sizes[g] and hits[g]
+            and cuts[g] + len(hits[g]) == -(-hit // self._group_sizes[g])}
 
 
 def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, j: int, copy: Block) -> None:
@@ -194,11 +213,10 @@ def release_copies(self: HybridKVCacheManager, copies: Sequence[GroupBlockCopy])
     blocks = self._pool.blocks
     order = [blocks[i] for c in copies for i in (c.src, c.dst)]
     held[:] = left
-    going = [b for b in order if b.refs == 1]
     # (vLLM's order: cached ones evicted in the order given, empty ones reused in the
-    # order given; prefixkv's release reuses the empty ones given last first)
-    self._pool.release([b for b in order if b.refs > 1 or b.key is not None]
-                       + [b for b in reversed(going) if b.key is None])
+    # order given, as the pool's ``free``; a spare going returns empty among them, and
+    # its primary, if free, takes the spare's place among the cached ones: groups/index.py)
+    self._pool.free(order)
 
 
 def _queue(self: HybridKVCacheManager, g: int, source: Block, copy: Block) -> None:

@@ -80,6 +80,9 @@ def construct(
     self._kv_ops = []
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
+    if sizes.partial:  # (groups/partial_full.py)
+        self._fine = tuple(g for g, (s, b) in enumerate(zip(specs, sizes.sizes, strict=True))
+                           if not s.sparse and b > sizes.hash_size)
     self._uncached = not all(s.cached for s in specs)
     self._retains = any(s.retention is not None for s in specs) or sizes.checkpoints  # (GroupRequest.marks)
     self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)

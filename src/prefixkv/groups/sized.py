@@ -40,7 +40,7 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import checkpoints, partial, sized_admission, sized_release, sized_rewind
+from . import checkpoints, partial, partial_full, sized_admission, sized_release, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -81,10 +81,13 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
             events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
             self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
                               b // h)
-        if self._index.hashing and spec.kind == FULL and b > h:
+        if self._index.hashing and spec.kind == FULL and b > h and not sizes.partial:
             _tail(self, req, g, table, hi)
-    if sizes.partial and not (sizes.checkpoints and checkpoints.record(self, req)):
-        partial.tail(self, req)
+    if sizes.partial:
+        if not (sizes.checkpoints and checkpoints.record(self, req)):
+            partial.tail(self, req)
+        if self._fine:  # (at every caching: a step reaching the boundary passed it)
+            partial_full.tail(self, req)
 
 
 def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence[Block | None],

@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial
+from . import checkpoints, partial, partial_full
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -54,6 +54,8 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
+        for g in self._fine:  # (vLLM's full attention alone looks inside its next block too)
+            alone[g] = partial_full.alone(self, nodes, g, alone[g])
     if sizes.partial:
         return nodes[:partial.longest_hit(self, nodes, len(nodes))]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
@@ -117,7 +119,7 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
             fresh = blocks_for(total + lookahead, b) - hit // b
             if full_fit:
                 fresh = max(fresh, blocks_for(n, b) - hit // b)
-            out += (min(fresh, 1) + (hit % b > 0) if s.sparse else fresh) + hit // b - s.num_unread(hit, b)
+            out += (min(fresh, 1) if s.sparse else fresh) + (hit % b > 0) + hit // b - s.num_unread(hit, b)
         return out
     return max(done, min(after(hit) for hit in range(0, n, self.sizes.unit)))
 
@@ -193,7 +195,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
         if copy is not None:
-            partial.on_hit(self, req, g, cuts[g], copy)
+            partial.on_hit(self, req, g, cuts[g] + len(found) - 1, copy)
+            if prepared is None and g in self._fine:  # (``_record`` does not run)
+                partial_full.on_hit(self, req, g, nodes, copy)
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)

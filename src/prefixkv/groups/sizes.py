@@ -54,15 +54,16 @@ class BlockSizes:
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
         ``partial``: vLLM's fine-grained partial hits (hits and caching at the hash
         block, Mamba states found inside their blocks: groups/partial.py, which the
-        manager checks the groups against). ``checkpoints``: vLLM's chunk-end checkpoint
-        blocks, one per Mamba group (groups/checkpoints.py; with ``partial`` only), at
-        ``checkpoint_alignment`` tokens from a step's start (vLLM's
-        ``prefill_checkpoint_alignment``; None: the hash block). Raises ConfigError: no
-        sizes, a size (or ``hash_size``, ``align``, ``checkpoint_alignment``) not a
-        positive int, a size not a multiple of ``hash_size``, ``align`` not a multiple
-        of every size, ``peek`` not one bool per group, ``partial`` not a bool or with
-        ``peek``, ``checkpoints`` not a bool or without ``partial``,
-        ``checkpoint_alignment`` without ``checkpoints``."""
+        manager checks the groups against; and full attention's partial entries where
+        its blocks are larger than the hash block: groups/partial_full.py).
+        ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group
+        (groups/checkpoints.py; with ``partial`` only), at ``checkpoint_alignment`` tokens
+        from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
+        block). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
+        ``checkpoint_alignment``) not a positive int, a size not a multiple of
+        ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
+        group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
+        without ``partial``, ``checkpoint_alignment`` without ``checkpoints``."""
         try:
             got = tuple(sizes)
         except TypeError:
