@@ -3,10 +3,14 @@ reachable from the root through prefixkv's own objects and builtin containers, a
 nested tuple of plain values. Two graphs built and driven alike give equal fingerprints
 (object identity is kept as the order of first visit, never as ``id()``); a set is
 fingerprinted as its sorted members. Objects of other libraries (a Redis client, a
-thread, a lock) stand as their type's name: the fingerprint is of prefixkv's state."""
+thread, a lock) stand as their type's name: the fingerprint is of prefixkv's state. A slot
+a subclass shadows with a property (the vLLM plug-in's ``PoolBlock`` reads ``ref_cnt`` and
+the hash fields live from prefixkv's pool, and refuses some reads by name) is derived, not
+state: left out."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 _PLAIN = (int, float, str, bytes, bool, type(None), complex)
@@ -44,6 +48,8 @@ def fingerprint(root: Any, skip: frozenset[str] = frozenset(), opaque: frozenset
         fields = []
         for cls in type(obj).__mro__:
             for name in getattr(cls, "__slots__", ()):
+                if isinstance(inspect.getattr_static(type(obj), name, None), property):
+                    continue  # (a slot a subclass reads as a property: derived, not state)
                 if name not in skip and hasattr(obj, name):
                     fields.append((name, walk(getattr(obj, name))))
         for name, value in getattr(obj, "__dict__", {}).items():

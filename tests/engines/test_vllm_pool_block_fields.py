@@ -1,7 +1,7 @@
 """The plug-in's ``PoolBlock`` (block_objects.py) has every field of vLLM's
 ``KVCacheBlock`` set: vLLM code that reads a table's block objects (a connector, the
-scheduler's asserts) finds no hash on them (prefixkv keeps its own), no free-list
-links, not null; ``ref_cnt`` is prefixkv's count. Needs vllm."""
+scheduler's asserts) finds the hash its ``HashSource`` answers (None: no findable
+content), no free-list links, not null; ``ref_cnt`` is prefixkv's count. Needs vllm."""
 
 from __future__ import annotations
 
@@ -19,8 +19,12 @@ from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV  # noqa: E40
 
 
 def test_a_pool_block_reads_as_vllms_block_with_prefixkvs_count():
+    class NoContent:  # (a HashSource: block 7 holds no findable content)
+        def hash_entry(self, core_id: int) -> None:
+            return None
+
     counts = {7: 2}
-    b = PoolBlock(3, counts.__getitem__, 7)
+    b = PoolBlock(3, counts.__getitem__, 7, NoContent())
     assert (b.block_id, b.is_null, b.block_hash, b.prev_free_block, b.next_free_block) == \
         (3, False, None, None, None)
     assert b.ref_cnt == 2

@@ -109,7 +109,7 @@ def cows(self: HybridKVCacheManager, hit: int, cuts: Sequence[int],
     hit of ``hit`` tokens ends inside their block (a copy on write: one more block
     each)."""
     return {g for g in (*self._sparse, *self._fine) if hit % self._group_sizes[g] and hits[g]
-            and cuts[g] + len(hits[g]) == -(-hit // self._group_sizes[g])}
+            and cuts[g] + len(hits[g]) == blocks_for(hit, self._group_sizes[g])}
 
 
 def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, j: int, copy: Block) -> None:
