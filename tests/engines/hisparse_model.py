@@ -13,11 +13,15 @@ GPU pool taking and giving back blocks. The rules (``Model``):
   it lacks them the step fails, whatever the GPU pool holds), the indexer's and the
   resident row's blocks up to ``cdiv(T, bs)``, and the hot group's ``blocks_per_request``
   once the request was asked to move to host reads; all or nothing, against the GPU
-  pool's free count (unpinned pages count as free);
+  pool's free count (unpinned pages count as free); a step asked to fit the whole request
+  (``full_sequence_must_fit``) first checks all of its host pages, and on the GPU pool its
+  indexer pages, its row's capped at the admission window, and the hot region if asked
+  for (``Model.fits``);
 - blocks come from the head of the free queue; a block given back uncached goes to its
   head (LIFO), an unpinned page to its tail; handing out an unpinned page loses it: the
   row reads it from host from then on (null), and the request must hold a hot region;
-- after a step, every sealed page with a GPU copy and no host copy yet gets a copy
+- after a step, every sealed page (of the tokens but the last ``num_prefill_lookahead - 1``,
+  which a multi-module MTP prefills again) with a GPU copy and no host copy yet gets a copy
   planned (in page order, at most ``max_model_len // bs`` waiting to be sent); then, if
   the request holds its hot region, its clean pages are unpinned, tail first, but the
   row's last two; if not, it is asked to take one when the pool's free count is below
@@ -55,6 +59,7 @@ class Model:
     host_blocks: int
     hot_blocks: int
     window: int  # the admission window, in pages
+    reprefill: int = 0  # the last tokens not final (``num_prefill_lookahead - 1``): not copied
     gpu: deque[int] = field(default_factory=deque)
     host: deque[int] = field(default_factory=deque)
     computed: int = 0
@@ -97,8 +102,28 @@ class Model:
                 self.hot_required = True
         return out
 
-    def step(self, total: int) -> bool:
+    def fits(self, full: int) -> bool:
+        """The full-sequence gate (``full_sequence_must_fit``) for a request of ``full``
+        tokens: the host pages all of it needs, then on the GPU pool the indexer's pages,
+        the row's capped at the admission window and the hot region if asked for."""
+        pages = cdiv(min(full, MAX_LEN), BS)
+        if pages - len(self.host_row) > len(self.host):
+            return False
+        need = max(pages - len(self.indexer), 0) + max(min(pages, self.window) - len(self.row), 0)
+        need += self.hot_blocks - len(self.hot) if self.hot_required else 0
+        if need > len(self.gpu):
+            self.note("full sequence does not fit")
+            return False
+        if pages > self.window:
+            self.note("capped at the window")
+        return True
+
+    def step(self, total: int, full: int = 0) -> bool:
+        """A step to ``total`` tokens; ``full``: the request's length when the whole of it
+        must fit (0: it need not)."""
         pages = cdiv(total, BS)
+        if full and not self.fits(full):
+            return False
         if pages - len(self.host_row) > len(self.host):
             self.note("host full")
             return False
@@ -112,7 +137,7 @@ class Model:
         self.row += self.pop(pages - len(self.row))
         if self.hot_required:
             self.hot += self.pop(self.hot_blocks - len(self.hot))
-        self.plan(total // BS)
+        self.plan(max(total - self.reprefill, 0) // BS)
         self.update_residency()
         self.computed = total
         return True

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
-from .hisparse_model import BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv, model_state
+from .hisparse_model import ALL, BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv, model_state
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
@@ -43,27 +44,31 @@ def vllm_state(manager: Any, coordinator: Any, rid: str) -> dict[str, Any]:
 
 
 def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prompt: int,
-        ops: list[tuple[str, int]]) -> Model:
+        ops: list[tuple[str, int]], lookahead: int = 0, fit_mask: int = 0) -> Model:
     """``ops`` on vLLM's manager and on the model side by side, their states compared
-    after each; the model at the end."""
+    after each; the model at the end. ``lookahead``: vLLM's ``num_prefill_lookahead``;
+    ``fit_mask``: the ``i``-th op, a step, asks that the whole request fit
+    (``full_sequence_must_fit``) when bit ``i % 16`` is set."""
     from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 
     manager = vllm_manager(hisparse_config(num_blocks, host_blocks, hot_blocks=hot_blocks),
-                           max_model_len=MAX_LEN, max_in_flight_tokens=in_flight)
+                           max_model_len=MAX_LEN, max_in_flight_tokens=in_flight,
+                           num_prefill_lookahead=lookahead)
     coordinator = get_hisparse_coordinator(manager)
     req = make_request("r", list(range(prompt)))
-    m = Model(num_blocks, host_blocks, hot_blocks, cdiv(min(in_flight, MAX_LEN), BS))
+    m = Model(num_blocks, host_blocks, hot_blocks, cdiv(min(in_flight, MAX_LEN), BS), max(lookahead - 1, 0))
     taken: list[Any] = []
     for i, (op, arg) in enumerate(ops):
         if op == "step":
             total = min(m.computed + arg, prompt)
             if total == m.computed:
                 continue
-            got = manager.allocate_slots(req, total - m.computed)
+            fit = bool(fit_mask >> (i % 16) & 1)
+            got = manager.allocate_slots(req, total - m.computed, full_sequence_must_fit=fit)
             if got is not None:
                 coordinator.advance_scheduled([(req.request_id, total)])
                 req.num_computed_tokens = total
-            assert (got is not None) == m.step(total), (i, op, arg)
+            assert (got is not None) == m.step(total, prompt if fit else 0), (i, op, arg)
         elif op in ("confirm", "halve"):  # every transfer sent; those of ``arg``'s bits
             # reported by one worker ("confirm"), or enqueued by two, one completing
             sent = coordinator.build_offload_command().page_transfers
@@ -103,3 +108,36 @@ def test_scenarios_follow_the_reference(name: str) -> None:
 def test_random_streams_follow_the_reference(num_blocks: int, host_blocks: int, hot_blocks: int,
                                              in_flight: int, prompt: int, ops: list[tuple[str, int]]) -> None:
     run(num_blocks, host_blocks, hot_blocks, in_flight, prompt, ops)
+
+
+# (pool, host pool, hot blocks, max_in_flight_tokens, prompt, num_prefill_lookahead,
+# fit_mask), ops, what must happen
+GATED = {
+    # vLLM's test_can_fit_full_sequence_hisparse_caps_resident_pages: the row counts the
+    # window's pages, not the request's; then a pool too small for even those
+    "capped-at-the-window": ((11, 9, 2, 2 * BS, 8 * BS, 0, ALL), [
+        ("step", BS), ("step", 3 * BS), ("take", 7), ("step", BS)],
+        {"capped at the window", "full sequence does not fit"}),
+    # the gate counts the hot region a request was asked for (the step alone would fit)
+    "gate-counts-the-hot-region": ((16, 12, 2, BS, MAX_LEN, 0, 0b100), [
+        ("step", BS), ("take", 5), ("step", BS)], {"asked for hot", "full sequence does not fit"}),
+    # vLLM's test_hisparse_does_not_write_back_reprefillable_tokens: the last
+    # ``lookahead - 1`` tokens are not copied
+    "reprefillable-not-copied": ((32, 16, 2, MAX_LEN, 2 * BS, 3, 0), [
+        ("step", 2 * BS), ("confirm", ALL)], set()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATED))
+def test_the_full_sequence_gate_and_lookahead_follow_the_reference(name: str) -> None:
+    (*shape, lookahead, fit_mask), ops, expected = GATED[name]
+    m = run(*shape, ops, lookahead, fit_mask)
+    assert expected <= set(m.seen), m.seen
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**STREAMS, lookahead=st.sampled_from([0, 2, 5, BS + 3]), fit_mask=st.integers(0, ALL))
+def test_random_streams_with_the_gate_and_lookahead_follow_the_reference(
+        num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prompt: int,
+        ops: list[tuple[str, int]], lookahead: int, fit_mask: int) -> None:
+    run(num_blocks, host_blocks, hot_blocks, in_flight, prompt, ops, lookahead, fit_mask)
