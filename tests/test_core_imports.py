@@ -32,7 +32,7 @@ TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.h
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads", "store.mistakes"}
-CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.admission",
+CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.pool_unpin", "core.admission",
              "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
              "core.release", "core.lookups", "core.probe",
