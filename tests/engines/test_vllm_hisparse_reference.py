@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
-from .hisparse_model import ALL, BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv, model_state
+from .hisparse_cases import GATED, GATES, SCENARIOS, STREAMS
+from .hisparse_model import BS, MAX_LEN, Model, cdiv, model_state
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
@@ -110,24 +110,6 @@ def test_random_streams_follow_the_reference(num_blocks: int, host_blocks: int, 
     run(num_blocks, host_blocks, hot_blocks, in_flight, prompt, ops)
 
 
-# (pool, host pool, hot blocks, max_in_flight_tokens, prompt, num_prefill_lookahead,
-# fit_mask), ops, what must happen
-GATED = {
-    # vLLM's test_can_fit_full_sequence_hisparse_caps_resident_pages: the row counts the
-    # window's pages, not the request's; then a pool too small for even those
-    "capped-at-the-window": ((11, 9, 2, 2 * BS, 8 * BS, 0, ALL), [
-        ("step", BS), ("step", 3 * BS), ("take", 7), ("step", BS)],
-        {"capped at the window", "full sequence does not fit"}),
-    # the gate counts the hot region a request was asked for (the step alone would fit)
-    "gate-counts-the-hot-region": ((16, 12, 2, BS, MAX_LEN, 0, 0b100), [
-        ("step", BS), ("take", 5), ("step", BS)], {"asked for hot", "full sequence does not fit"}),
-    # vLLM's test_hisparse_does_not_write_back_reprefillable_tokens: the last
-    # ``lookahead - 1`` tokens are not copied
-    "reprefillable-not-copied": ((32, 16, 2, MAX_LEN, 2 * BS, 3, 0), [
-        ("step", 2 * BS), ("confirm", ALL)], set()),
-}
-
-
 @pytest.mark.parametrize("name", sorted(GATED))
 def test_the_full_sequence_gate_and_lookahead_follow_the_reference(name: str) -> None:
     (*shape, lookahead, fit_mask), ops, expected = GATED[name]
@@ -136,7 +118,7 @@ def test_the_full_sequence_gate_and_lookahead_follow_the_reference(name: str) ->
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(**STREAMS, lookahead=st.sampled_from([0, 2, 5, BS + 3]), fit_mask=st.integers(0, ALL))
+@given(**STREAMS, **GATES)
 def test_random_streams_with_the_gate_and_lookahead_follow_the_reference(
         num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prompt: int,
         ops: list[tuple[str, int]], lookahead: int, fit_mask: int) -> None:
