@@ -39,6 +39,9 @@ SCENARIOS = {
     "two-workers": ((16, 12, 1, 16, 96), [
         ("step", 48), ("halve", ALL), ("step", 16), ("halve", 0b101), ("free", 0), ("confirm", ALL),
         ("step", 48), ("halve", 0b11), ("confirm", 0b1)], {"waits for a worker", "freed in flight"}),
+    # vLLM's test_hisparse_resident_request_can_grow_without_hot_capacity: 3 free blocks
+    # fit the next indexer and row pages, and no hot region is asked for
+    "grows-without-hot-capacity": ((8, 16, 2, MAX_LEN, 48), [("step", 32), ("step", 1)], set()),
 }
 
 STEP = st.tuples(st.just("step"), st.integers(1, 40))

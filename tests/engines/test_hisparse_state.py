@@ -123,3 +123,21 @@ def test_caller_mistakes_are_refused_with_nothing_changed() -> None:
     with pytest.raises(RequestError):
         HiSparseState(1, 12, 1, BS, 4, 8)
     assert ALL  # (the cases' mask, shared)
+
+
+def test_a_full_pool_keeps_the_pages_pinned_until_the_request_goes() -> None:
+    """vLLM's test_hisparse_full_pool_keeps_pages_pinned_until_preemption, on the state
+    (its figures: 18 blocks in each pool, max_model_len 160, a 128-token request): the
+    copies confirmed, the row reads no host (no hot region), so it keeps every page; the
+    next token would need the hot region and does not fit; freed, another request fits."""
+    s = HiSparseState(18, 18, 2, BS, cdiv(160, BS), 160 // BS)
+    assert s.allocate("first", 128)
+    s.advance("first", 128)
+    copies = s.take_copies()
+    assert len(copies) == 8 and s.report({t: 1 for t, _, _ in copies}, {t: 1 for t, _, _ in copies})
+    assert s.device.num_free == 1 and s.request("first")[4]  # (asked for its hot region)
+    assert 0 not in s.request("first")[2] and not s.device.unpinned
+    assert not s.allocate("first", 129)
+    s.free("first")
+    assert s.allocate("second", 16)
+    s.check_invariants()
