@@ -44,11 +44,13 @@ def vllm_state(manager: Any, coordinator: Any, rid: str) -> dict[str, Any]:
 
 
 def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prompt: int,
-        ops: list[tuple[str, int]], lookahead: int = 0, fit_mask: int = 0) -> Model:
+        ops: list[tuple[str, int]], lookahead: int = 0, fit_mask: int = 0, seam: Any = None) -> Model:
     """``ops`` on vLLM's manager and on the model side by side, their states compared
     after each; the model at the end. ``lookahead``: vLLM's ``num_prefill_lookahead``;
     ``fit_mask``: the ``i``-th op, a step, asks that the whole request fit
-    (``full_sequence_must_fit``) when bit ``i % 16`` is set."""
+    (``full_sequence_must_fit``) when bit ``i % 16`` is set. ``seam``: a class whose
+    instance, made with vLLM's manager, sees each op too and checks prefixkv's answers
+    against vLLM's (test_vllm_hisparse_seam.py)."""
     from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 
     manager = vllm_manager(hisparse_config(num_blocks, host_blocks, hot_blocks=hot_blocks),
@@ -58,6 +60,7 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
     req = make_request("r", list(range(prompt)))
     m = Model(num_blocks, host_blocks, hot_blocks, cdiv(min(in_flight, MAX_LEN), BS), max(lookahead - 1, 0))
     taken: list[Any] = []
+    check = seam(manager, coordinator, num_prefill_lookahead=lookahead) if seam else None
     for i, (op, arg) in enumerate(ops):
         if op == "step":
             total = min(m.computed + arg, prompt)
@@ -69,6 +72,8 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                 coordinator.advance_scheduled([(req.request_id, total)])
                 req.num_computed_tokens = total
             assert (got is not None) == m.step(total, prompt if fit else 0), (i, op, arg)
+            if check:
+                check.step(req.request_id, total, prompt if fit else 0, got is not None)
         elif op in ("confirm", "halve"):  # every transfer sent; those of ``arg``'s bits
             # reported by one worker ("confirm"), or enqueued by two, one completing
             sent = coordinator.build_offload_command().page_transfers
@@ -79,20 +84,30 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
             enqueued = {t: 1 if op == "confirm" else 2 for t in chosen}
             coordinator.update_spills(enqueued, {t: 1 for t in chosen})
             m.report(enqueued, {t: 1 for t in chosen})
+            if check:
+                check.report(sent, enqueued, {t: 1 for t in chosen})
         elif op == "free":
             manager.free(req)
             m.free()
+            if check:
+                check.free(req.request_id)
             req = make_request(f"r{i}", list(range(prompt)))
         elif op == "take":
             n = min(arg, manager.block_pool.get_num_free_blocks())
             got = manager.block_pool.get_new_blocks(n)
             assert [b.block_id for b in got] == m.take(n), (i, op, arg)
             taken += got
+            if check:
+                check.take(n)
         else:
             manager.block_pool.free_blocks(taken)
             taken = []
             m.give_back()
+            if check:
+                check.give_back()
         assert vllm_state(manager, coordinator, req.request_id) == model_state(m), (i, op, arg)
+        if check:
+            check.compare(req.request_id, m.computed)
     return m
 
 

@@ -74,6 +74,10 @@ class HiSparseState:
             raise RequestError(f"unknown HiSparse request {key!r}")
         return r
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether ``key`` is a request of this state (admitted, not freed)."""
+        return key in self._requests
+
     def request(self, key: Hashable) -> tuple[list[int], list[int], list[int], list[int], bool]:
         """``key``'s block ids: host row, indexer, resident row (0: read from host), hot
         region; and whether it was asked to take its hot region."""
