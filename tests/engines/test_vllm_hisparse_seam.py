@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
 from .hisparse_cases import GATED, GATES, SCENARIOS, STREAMS
@@ -21,8 +22,10 @@ skip_module_without_vllm()
 from prefixkv.integrations.vllm.hisparse import HiSparseSeam, hisparse_state  # noqa: E402
 from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV  # noqa: E402
 
-from .test_vllm_hisparse import hisparse_config  # noqa: E402
+from .hisparse_model import MAX_LEN  # noqa: E402
+from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
 from .test_vllm_hisparse_reference import run  # noqa: E402
+from .test_vllm_plugin import request as make_request  # noqa: E402
 
 
 class SeamCheck:
@@ -93,6 +96,87 @@ def test_random_streams_the_seam_answers_as_vllm(num_blocks: int, host_blocks: i
                                                  in_flight: int, prompt: int, ops: list[tuple[str, int]],
                                                  lookahead: int, fit_mask: int) -> None:
     run(num_blocks, host_blocks, hot_blocks, in_flight, prompt, ops, lookahead, fit_mask, seam=SeamCheck)
+
+
+SIDE = st.lists(st.one_of(
+    st.tuples(st.just("step"), st.integers(0, 2), st.integers(1, 40), st.booleans()),
+    st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.booleans()),
+    st.tuples(st.just("free"), st.integers(0, 2), st.just(0), st.just(False)),
+    st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.just(False)),
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(False))), min_size=4, max_size=40)
+
+
+def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int,
+                 ops: list[tuple[str, int, int, bool]]) -> set[str]:
+    """Three requests (of 40 to 128 tokens) side by side on vLLM's manager and the seam,
+    beyond the reference's one at a time: a step of request ``a`` by ``n`` tokens (the
+    whole request asked to fit when ``flag``), confirming the copies of ``a``'s mask (one
+    worker, or two with one completing when ``flag``), freeing request ``a`` (a new one
+    takes its place), other users taking and giving back blocks. After each op every live
+    request's answers are compared (``SeamCheck.compare``). What happened, returned."""
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    manager = vllm_manager(hisparse_config(num_blocks, host_blocks, hot_blocks=hot_blocks),
+                           max_model_len=MAX_LEN, max_in_flight_tokens=in_flight)
+    coordinator = get_hisparse_coordinator(manager)
+    check = SeamCheck(manager, coordinator, 0)
+    reqs = [make_request(f"q{k}", list(range(40 + 44 * k))) for k in range(3)]
+    taken: list[Any] = []
+    seen: set[str] = set()
+    for i, (op, a, n, flag) in enumerate(ops):
+        if op == "step" and reqs[a].num_computed_tokens < reqs[a].num_tokens:
+            req = reqs[a]
+            total = min(req.num_computed_tokens + n, req.num_tokens)
+            got = manager.allocate_slots(req, total - req.num_computed_tokens, full_sequence_must_fit=flag)
+            if got is not None:
+                coordinator.advance_scheduled([(req.request_id, total)])
+                req.num_computed_tokens = total
+            check.step(req.request_id, total, req.num_tokens if flag else 0, got is not None)
+            seen.add("stepped" if got is not None else "refused")
+        elif op == "confirm":
+            sent = coordinator.build_offload_command().page_transfers
+            chosen = [t for k, t in enumerate(sorted(coordinator.pending_spills)) if a >> (k % 16) & 1]
+            enqueued = {t: 2 if flag else 1 for t in chosen}
+            coordinator.update_spills(enqueued, {t: 1 for t in chosen})
+            check.report(sent, enqueued, {t: 1 for t in chosen})
+        elif op == "free":
+            manager.free(reqs[a])
+            check.free(reqs[a].request_id)
+            reqs[a] = make_request(f"q{a}-{i}", list(range(40 + 44 * a)))
+        elif op == "take":
+            got_blocks = manager.block_pool.get_new_blocks(min(a, manager.block_pool.get_num_free_blocks()))
+            check.take(len(got_blocks))
+            taken += got_blocks
+        elif op == "give_back":
+            manager.block_pool.free_blocks(taken)
+            check.give_back()
+            taken = []
+        for req in reqs:
+            check.compare(req.request_id, req.num_computed_tokens)
+        if check.state.device.unpinned:
+            seen.add("unpinned")
+        if sum(check.state.holds(r.request_id) for r in reqs) > 1:
+            seen.add("side by side")
+    return seen
+
+
+def test_requests_side_by_side_answer_as_vllm() -> None:
+    every = 2**16 - 1
+    seen = side_by_side(24, 16, 1, 32, [
+        ("step", 0, 32, False), ("step", 1, 32, False), ("step", 0, 8, False), ("confirm", every, 0, False),
+        ("step", 1, 40, False), ("step", 2, 48, True), ("confirm", every, 0, False), ("take", 6, 0, False),
+        ("step", 2, 48, False), ("free", 1, 0, False), ("give_back", 0, 0, False), ("step", 1, 64, False),
+        ("confirm", 0b1011, 0, True), ("free", 0, 0, False), ("confirm", every, 0, False)])
+    assert {"stepped", "unpinned", "side by side"} <= seen, seen
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(12, 40), host_blocks=st.integers(6, 24), hot_blocks=st.integers(1, 3),
+       in_flight=st.sampled_from([16, 32, 64, MAX_LEN]), ops=SIDE)
+def test_random_requests_side_by_side_answer_as_vllm(
+        num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int,
+        ops: list[tuple[str, int, int, bool]]) -> None:
+    side_by_side(num_blocks, host_blocks, hot_blocks, in_flight, ops)
 
 
 @pytest.mark.parametrize("name", ["take_residency_updates", "build_row_mirrors", "finish_host_import",
