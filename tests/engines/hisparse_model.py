@@ -13,11 +13,15 @@ GPU pool taking and giving back blocks. The rules (``Model``):
   it lacks them the step fails, whatever the GPU pool holds), the indexer's and the
   resident row's blocks up to ``cdiv(T, bs)``, and the hot group's ``blocks_per_request``
   once the request was asked to move to host reads; all or nothing, against the GPU
-  pool's free count (unpinned pages count as free);
+  pool's free count (unpinned pages count as free); a step asked to fit the whole request
+  (``full_sequence_must_fit``) first checks all of its host pages, and on the GPU pool its
+  indexer pages, its row's capped at the admission window, and the hot region if asked
+  for (``Model.fits``);
 - blocks come from the head of the free queue; a block given back uncached goes to its
   head (LIFO), an unpinned page to its tail; handing out an unpinned page loses it: the
   row reads it from host from then on (null), and the request must hold a hot region;
-- after a step, every sealed page with a GPU copy and no host copy yet gets a copy
+- after a step, every sealed page (of the tokens but the last ``num_prefill_lookahead - 1``,
+  which a multi-module MTP prefills again) with a GPU copy and no host copy yet gets a copy
   planned (in page order, at most ``max_model_len // bs`` waiting to be sent); then, if
   the request holds its hot region, its clean pages are unpinned, tail first, but the
   row's last two; if not, it is asked to take one when the pool's free count is below
@@ -36,8 +40,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import strategies as st
-
 BS = 16  # one block size for every group, as HiSparse requires
 MAX_LEN = 128
 TAIL = 2  # the row's last pages never unpinned (vLLM's ACTIVE_TAIL_PAGES)
@@ -55,6 +57,7 @@ class Model:
     host_blocks: int
     hot_blocks: int
     window: int  # the admission window, in pages
+    reprefill: int = 0  # the last tokens not final (``num_prefill_lookahead - 1``): not copied
     gpu: deque[int] = field(default_factory=deque)
     host: deque[int] = field(default_factory=deque)
     computed: int = 0
@@ -97,8 +100,28 @@ class Model:
                 self.hot_required = True
         return out
 
-    def step(self, total: int) -> bool:
+    def fits(self, full: int) -> bool:
+        """The full-sequence gate (``full_sequence_must_fit``) for a request of ``full``
+        tokens: the host pages all of it needs, then on the GPU pool the indexer's pages,
+        the row's capped at the admission window and the hot region if asked for."""
+        pages = cdiv(min(full, MAX_LEN), BS)
+        if pages - len(self.host_row) > len(self.host):
+            return False
+        need = max(pages - len(self.indexer), 0) + max(min(pages, self.window) - len(self.row), 0)
+        need += self.hot_blocks - len(self.hot) if self.hot_required else 0
+        if need > len(self.gpu):
+            self.note("full sequence does not fit")
+            return False
+        if pages > self.window:
+            self.note("capped at the window")
+        return True
+
+    def step(self, total: int, full: int = 0) -> bool:
+        """A step to ``total`` tokens; ``full``: the request's length when the whole of it
+        must fit (0: it need not)."""
         pages = cdiv(total, BS)
+        if full and not self.fits(full):
+            return False
         if pages - len(self.host_row) > len(self.host):
             self.note("host full")
             return False
@@ -112,7 +135,7 @@ class Model:
         self.row += self.pop(pages - len(self.row))
         if self.hot_required:
             self.hot += self.pop(self.hot_blocks - len(self.hot))
-        self.plan(total // BS)
+        self.plan(max(total - self.reprefill, 0) // BS)
         self.update_residency()
         self.computed = total
         return True
@@ -238,47 +261,3 @@ def model_state(m: Model) -> dict[str, Any]:
             "pinned_clean": m.pinned_clean, "unpinned": set(m.unpinned.values()),
             "gpu_free": len(m.gpu), "host_free": len(m.host),
             "in_flight": len(m.pending) + len(m.orphans), "work": bool(m.to_send or m.pending or m.orphans)}
-
-
-ALL = 2**16 - 1
-# (pool, host pool, hot blocks, max_in_flight_tokens, prompt), ops, what must happen
-SCENARIOS = {
-    "others-take-unpinned-pages": ((16, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("take", 12), ("give_back", 0),
-        ("step", 32), ("confirm", ALL)], {"asked for hot", "unpinned", "lost"}),
-    "own-growth-takes-unpinned-pages": ((12, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", ALL), ("step", 32), ("confirm", ALL)],
-        {"unpinned", "lost"}),
-    # pages clean before the hot region are unpinned at once when it comes, tail first:
-    # the pool hands out page 2's block first
-    "unpins-tail-first": ((24, 12, 1, 64, 128), [
-        ("step", 48), ("confirm", ALL), ("step", 16), ("step", 16), ("take", 13)], {"unpinned", "lost"}),
-    # the pool's free count at the watermark (3 of 32) asks for nothing; below it, it asks
-    "pool-at-watermark": ((32, 12, 1, MAX_LEN, 128), [
-        ("step", 96), ("take", 14), ("step", 16), ("step", 16)], {"asked for hot"}),
-    # freed with a page in flight (its blocks wait for the copy), one unpinned (stays in
-    # the pool, no one's), clean ones (unpinned now) and dirty ones; then a new request
-    "free-mid-flight": ((16, 12, 1, 16, 96), [
-        ("step", 16), ("step", 16), ("step", 32), ("confirm", 0b0111), ("step", 16), ("confirm", 0b10),
-        ("free", 0), ("step", 48), ("confirm", ALL), ("take", 12), ("step", 16), ("confirm", ALL)],
-        {"unpinned", "freed in flight"}),
-    "host-pool-full": ((32, 3, 1, MAX_LEN, 64), [("step", 48), ("step", 32), ("step", 16)], {"host full"}),
-    "pool-below-watermark": ((12, 12, 2, MAX_LEN, 96), [
-        ("step", 64), ("step", 16), ("confirm", 5), ("step", 16), ("take", 1), ("give_back", 0),
-        ("step", 16), ("confirm", ALL)], {"asked for hot", "gpu full"}),
-    # two workers: a copy is confirmed by the second completion only, freed in between
-    "two-workers": ((16, 12, 1, 16, 96), [
-        ("step", 48), ("halve", ALL), ("step", 16), ("halve", 0b101), ("free", 0), ("confirm", ALL),
-        ("step", 48), ("halve", 0b11), ("confirm", 0b1)], {"waits for a worker", "freed in flight"}),
-}
-
-STEP = st.tuples(st.just("step"), st.integers(1, 40))
-CONFIRM = st.tuples(st.just("confirm"), st.integers(0, ALL))
-HALVE = st.tuples(st.just("halve"), st.integers(0, ALL))
-OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, HALVE, st.tuples(st.just("take"), st.integers(1, 12)),
-                         st.tuples(st.just("give_back"), st.just(0)), st.tuples(st.just("free"), st.just(0))),
-               min_size=4, max_size=40)
-# the arguments of a random stream (``run`` in the tests that use them)
-STREAMS = {"num_blocks": st.integers(10, 32), "host_blocks": st.integers(4, 12),
-           "hot_blocks": st.integers(1, 3), "in_flight": st.sampled_from([16, 32, 64, MAX_LEN]),
-           "prompt": st.integers(40, MAX_LEN), "ops": OPS}

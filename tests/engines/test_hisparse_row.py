@@ -15,7 +15,8 @@ from prefixkv.errors import InvariantError, RequestError
 from prefixkv.groups.hisparse.row import PageState, ResidentRow
 from prefixkv.groups.hisparse.spills import Spills
 
-from .hisparse_model import ALL, BS, MAX_LEN, SCENARIOS, STREAMS, Model, cdiv
+from .hisparse_cases import ALL, SCENARIOS, STREAMS
+from .hisparse_model import BS, MAX_LEN, Model, cdiv
 
 DIRTY, IN_FLIGHT, CLEAN, UNPINNED, HOST = PageState
 

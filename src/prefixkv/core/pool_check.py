@@ -6,7 +6,7 @@ Read-only; run by tests and by engines that verify their state, never on a step'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from .block import Block
 from .free_queue import FreeBlockQueue
@@ -14,11 +14,13 @@ from .pool_release import PoolIndex
 
 
 def check_pool(blocks: Sequence[Block], empty: Sequence[Block], cached: FreeBlockQueue,
-               num_free: int, index: PoolIndex, expected_refs: dict[int, int]) -> str | None:
+               num_free: int, index: PoolIndex, expected_refs: dict[int, int],
+               unpinned: Container[int] = ()) -> str | None:
     """The first inconsistency of a pool of ``blocks`` whose empty tier is ``empty`` and
     cached tier ``cached`` (``num_free`` counted free in all) against ``expected_refs``
     (block id -> number of live requests holding it), then ``index.check``'s; None when
-    sound. Cheap when sound: messages are built only for what is wrong."""
+    sound. ``unpinned``: the ids of cached-tier blocks that hold no content by design
+    (``UnpinPool``). Cheap when sound: messages are built only for what is wrong."""
     seen: set[int] = set()
     for b in empty:
         if b.block_id in seen or b.ref_cnt or b.key is not None:
@@ -26,7 +28,7 @@ def check_pool(blocks: Sequence[Block], empty: Sequence[Block], cached: FreeBloc
         seen.add(b.block_id)
     for b in cached:  # (a pending run's blocks have no key yet: ``Run``)
         if b.block_id in seen or b.ref_cnt or b.twin or (b.key is None and (
-                b.counted is None or not b.counted.pending)):
+                b.counted is None or not b.counted.pending) and b.block_id not in unpinned):
             return f"bad or repeated cached-tier block {b!r}"
         seen.add(b.block_id)
     broken = cached.broken_link()

@@ -43,6 +43,10 @@ class Spills:
         """Copies planned and not yet confirmed (detached ones too)."""
         return len(self._page)
 
+    def __contains__(self, tid: object) -> bool:
+        """Whether copy ``tid`` is in flight (planned, not yet confirmed)."""
+        return tid in self._page
+
     def has_work(self) -> bool:
         """Whether a copy is still to be sent or confirmed (vLLM's ``has_pending_work``,
         less host copy-on-write)."""

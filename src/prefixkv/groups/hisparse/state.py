@@ -1,0 +1,253 @@
+"""The requests of one HiSparse layout on its two pools: the host pool, which holds each
+request's primary copy (the source group's row), and the device pool (an ``UnpinPool``),
+which holds the indexer's pages, the resident row (``row.ResidentRow``: its pages, a
+write-back cache of the host row) and the hot region, taken once the request must read
+from host. The copies to host in flight are ``spills.Spills``.
+
+The rules are vLLM 0.33's (``v1/hisparse/coordinator.py``, its HiSparse managers and
+``BlockPool``), in the scope of tests/engines/hisparse_model.py, against which
+tests/engines/test_hisparse_state.py checks this state call by call: prefix caching off
+(no hits, no publication), no external loads or restores, one resident and one hot
+group, one block size. A request's step is ``allocate`` (all or nothing, the full-sequence
+gate when asked) then ``advance`` (copies planned, pages unpinned or the hot region asked
+for); the workers' reports confirm copies (``report``); ``free`` lets a request go while
+its copies in flight keep their blocks until confirmed. Caller mistakes raise
+RequestError before any change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+from ...core.block import Block, blocks_for
+from ...core.pool import BlockPool
+from ...core.pool_unpin import UnpinPool
+from ...errors import InvariantError, RequestError, check_count
+from ...index import NoIndex
+from .row import CLEAN, UNPINNED, ResidentRow
+from .spills import Spills
+
+__all__ = ["HiSparseState"]
+
+
+class _Request:
+    """One request's blocks: its host row, indexer pages, resident row (None: a page the
+    pool reused, read from host) and hot region."""
+
+    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required")
+
+    def __init__(self) -> None:
+        self.host: list[Block] = []
+        self.indexer: list[Block] = []
+        self.blocks: list[Block | None] = []
+        self.row = ResidentRow()
+        self.hot: list[Block] = []
+        self.hot_required = False
+
+
+class HiSparseState:
+    """The requests of a HiSparse layout (module doc). ``num_blocks``/``host_blocks``:
+    each pool's blocks, its block 0 the null block; ``hot_blocks``: a hot region's;
+    ``window``: the admission window in pages; ``max_pages``: the most copies planned and
+    not yet sent; ``reprefill``: the last tokens of a step not final (not copied)."""
+
+    def __init__(self, num_blocks: int, host_blocks: int, hot_blocks: int, block_size: int,
+                 window: int, max_pages: int, reprefill: int = 0) -> None:
+        for name, n in (("num_blocks", num_blocks), ("host_blocks", host_blocks)):
+            check_count(name, n, 2, None)
+        self.block_size = check_count("block_size", block_size, 1, None)
+        self.hot_blocks = check_count("hot_blocks", hot_blocks, 1, None)
+        self.window = check_count("window", window, 1, None)
+        self.reprefill = check_count("reprefill", reprefill, 0, None)
+        self.watermark = max(hot_blocks, num_blocks // 10)  # (vLLM's, against the free count)
+        self.device = UnpinPool(num_blocks, NoIndex())
+        self.host = BlockPool(host_blocks, NoIndex())
+        self.nulls = (self.device.take(1)[0], self.host.take(1)[0])
+        self.spills = Spills(max_pages)
+        self._requests: dict[Hashable, _Request] = {}
+        self._unpinned: dict[int, tuple[Hashable, int]] = {}  # block id -> (request, page)
+        self._orphans: dict[int, tuple[Block, Block]] = {}  # copy id -> its blocks
+
+    def _get(self, key: Hashable) -> _Request:
+        r = self._requests.get(key)
+        if r is None:
+            raise RequestError(f"unknown HiSparse request {key!r}")
+        return r
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether ``key`` is a request of this state (admitted, not freed)."""
+        return key in self._requests
+
+    def request(self, key: Hashable) -> tuple[list[int], list[int], list[int], list[int], bool]:
+        """``key``'s block ids: host row, indexer, resident row (0: read from host), hot
+        region; and whether it was asked to take its hot region."""
+        r = self._get(key)
+        return ([b.block_id for b in r.host], [b.block_id for b in r.indexer],
+                [0 if b is None else b.block_id for b in r.blocks], [b.block_id for b in r.hot],
+                r.hot_required)
+
+    def row(self, key: Hashable) -> ResidentRow:
+        """``key``'s resident row (read it; the state changes it)."""
+        return self._get(key).row
+
+    def fits(self, key: Hashable, full: int) -> bool:
+        """The full-sequence gate for ``key`` (new or not) of ``full`` tokens: all of its
+        host pages, then the device pages of its indexer, of its row capped at the
+        admission window, and its hot region if asked for."""
+        r = self._requests.get(key) or _Request()
+        pages = blocks_for(check_count("full", full, 1, None), self.block_size)
+        if pages - len(r.host) > self.host.num_free:
+            return False
+        need = max(pages - len(r.indexer), 0) + max(min(pages, self.window) - len(r.blocks), 0)
+        need += self.hot_blocks - len(r.hot) if r.hot_required else 0
+        return need <= self.device.num_free
+
+    def allocate(self, key: Hashable, total: int, full: int = 0) -> bool:
+        """Give ``key`` (admitted if new) the blocks of ``total`` tokens, all or nothing;
+        ``full``: the request's length when all of it must fit (0: it need not).
+        Returns whether it did."""
+        check_count("total", total, 1, None)
+        if full and not self.fits(key, full):
+            return False
+        r = self._requests.get(key) or _Request()
+        pages = blocks_for(total, self.block_size)
+        grow = max(pages - len(r.host), 0)
+        if grow > self.host.num_free:
+            return False
+        new_indexer, new_row = max(pages - len(r.indexer), 0), max(pages - len(r.blocks), 0)
+        new_hot = self.hot_blocks - len(r.hot) if r.hot_required else 0
+        if new_indexer + new_row + new_hot > self.device.num_free:
+            return False
+        self._requests[key] = r
+        r.host += self.host.take(grow)
+        r.indexer += self.device.take(new_indexer)
+        r.blocks += self.device.take(new_row)
+        r.row.grow(new_row)
+        if r.hot_required:  # (a page lost above is one of a row that reads from host already)
+            r.hot += self.device.take(self.hot_blocks - len(r.hot))
+            if not r.row.hot:
+                r.row.hold_hot()
+        return True
+
+    def advance(self, key: Hashable, total: int) -> None:
+        """``key``'s step to ``total`` tokens is scheduled: the sealed pages of its final
+        tokens get copies planned; then a row reading from host unpins its clean pages,
+        and one that does not asks for its hot region when the pool runs low or the row
+        holds its window."""
+        r = self._get(key)
+        sealed = min(max(total - self.reprefill, 0) // self.block_size, len(r.row))
+        self.spills.plan(key, r.row.plan(sealed, self.spills.budget))
+        if not r.row.hot:
+            if r.row.asks_for_hot(self.device.num_free, self.watermark, self.window):
+                r.hot_required = True
+            return
+        for page in r.row.unpinnable():
+            self._unpin(key, r, page)
+
+    def _unpin(self, key: Hashable, r: _Request, page: int) -> None:
+        block = r.blocks[page]
+        assert block is not None
+        r.row.unpin(page)
+        self._unpinned[block.block_id] = (key, page)
+        self.device.unpin([block], self._reused)
+
+    def _reused(self, block: Block) -> None:
+        """The device pool handed an unpinned page's block out: the page is read from
+        host from now on."""
+        key, page = self._unpinned.pop(block.block_id)
+        r = self._requests[key]
+        r.row.lose(page)
+        r.blocks[page] = None
+        r.hot_required = True
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """The copies planned since the last call, in order: (copy id, device block id,
+        host block id) (the step's offload command)."""
+        out = []
+        for tid in self.spills.take():
+            block, host = self._blocks_of(tid)
+            out.append((tid, block.block_id, host.block_id))
+        return out
+
+    def _blocks_of(self, tid: int) -> tuple[Block, Block]:
+        if tid in self._orphans:
+            return self._orphans[tid]
+        key, page = self.spills.page_of(tid)
+        r = self._requests[key]
+        block = r.blocks[page]
+        assert block is not None
+        return block, r.host[page]
+
+    def report(self, enqueued: Mapping[int, int], completed: Mapping[int, int]) -> list[int]:
+        """The workers' reports (``Spills.report``): the copies confirmed now, in id order.
+        A freed request's give their blocks back; a live one's pages turn clean (and are
+        unpinned at once when its row reads from host and they are not among its last)."""
+        owners = {t: self.spills.page_of(t) for t in {*enqueued, *completed} if t in self.spills}
+        done = self.spills.report(enqueued, completed)
+        orphans = [t for t in done if t in self._orphans]
+        for tid in orphans:  # (the device blocks first, then the host ones; to the head)
+            self.device.free([self._orphans[tid][0]])
+        for tid in done:
+            if tid in self._orphans:
+                self.host.free([self._orphans.pop(tid)[1]])
+                continue
+            key, page = owners[tid]
+            r = self._requests[key]
+            if r.row.confirm(page):
+                self._unpin(key, r, page)
+        return done
+
+    def free(self, key: Hashable) -> None:
+        """``key`` goes. Its unpinned pages stay in the pool, no longer its own; its other
+        clean pages are unpinned so (tail first); its copies in flight keep their device
+        and host blocks until confirmed; the rest goes back to the head of each pool, the
+        host row, then group by group: the indexer's, the row's dirty pages, the hot
+        region (each tail first)."""
+        r = self._get(key)
+        for page in r.row.pages(UNPINNED):
+            block = r.blocks[page]
+            assert block is not None
+            del self._unpinned[block.block_id]
+            self.device.forget(block)
+        clean = [r.blocks[p] for p in reversed(r.row.pages(CLEAN))]
+        split = r.row.free()
+        for block in clean:
+            assert block is not None
+            self.device.unpin([block], self._reused)
+            self.device.forget(block)
+        busy = set(split.kept)
+        for tid in self.spills.detach(key):
+            page = self.spills.page_of(tid)[1]
+            block = r.blocks[page]
+            assert block is not None
+            self._orphans[tid] = (block, r.host[page])
+        del self._requests[key]
+        self.host.free([b for p, b in reversed(list(enumerate(r.host))) if p not in busy])
+        for blocks in (r.indexer, [r.blocks[p] for p in split.to_head], r.hot):
+            self.device.free([b for b in reversed(blocks) if b is not None])
+
+    def check_invariants(self, others: Sequence[Block] = ()) -> None:
+        """Raise InvariantError when the pools, rows and copies disagree. ``others``: the
+        device blocks held outside these requests."""
+        refs: dict[int, int] = {self.nulls[0].block_id: 1}
+        for b in others:
+            refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        host_refs: dict[int, int] = {self.nulls[1].block_id: 1}
+        for r in self._requests.values():
+            r.row.check_invariants()
+            if not len(r.blocks) == len(r.row) == len(r.indexer) <= len(r.host):
+                raise InvariantError(f"rows of {len(r.host)}, {len(r.indexer)}, {len(r.blocks)} pages")
+            for b in (*r.indexer, *r.hot, *[b for p, b in enumerate(r.blocks) if b is not None
+                                             and r.row.state(p) != UNPINNED]):
+                refs[b.block_id] = refs.get(b.block_id, 0) + 1
+            for b in r.host:
+                host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
+        for block, host in self._orphans.values():
+            refs[block.block_id] = refs.get(block.block_id, 0) + 1
+            host_refs[host.block_id] = host_refs.get(host.block_id, 0) + 1
+        self.spills.check_invariants()
+        problem = self.device.check(refs) or self.host.check(host_refs)
+        if problem is None and not set(self._unpinned) <= set(self.device.unpinned):
+            problem = f"unpinned pages {sorted(self._unpinned)} not all unpinned in the pool"
+        if problem is not None:
+            raise InvariantError(problem)

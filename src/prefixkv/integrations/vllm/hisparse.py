@@ -1,0 +1,135 @@
+"""vLLM 0.33's ``HiSparseCoordinator`` answered from prefixkv's HiSparse state
+(``groups.hisparse.state.HiSparseState``): the seam (docs/integration.md, "HiSparse").
+vLLM's scheduler, its HiSparse connector and its tests reach the coordinator through
+``get_hisparse_coordinator``, which returns the ``coordinator`` attribute of one of the
+manager's group managers once it is a ``HiSparseCoordinator``; ``HiSparseSeam`` is one,
+whose ``__init__`` builds prefixkv's state and none of vLLM's.
+
+Served, in the scope of that state (prefix caching off, one resident and one hot group,
+no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
+``has_pending_work`` and ``all_context_pages_resident``; every other call of vLLM's
+coordinator, and every attribute it would read, raises UnsupportedByPrefixKV naming it.
+Checked against vLLM's coordinator side by side: tests/engines/test_vllm_hisparse_seam.py.
+Not bound to prefixkv's plug-in manager yet: a HiSparse layout is still refused there at
+construction (layout.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
+
+from vllm.v1.hisparse.coordinator import HiSparseCoordinator
+from vllm.v1.hisparse.types import SparseKVOffloadCommand, SparseKVPageTransfer
+from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KVCacheConfig, KVCacheGroupRole
+
+from prefixkv.core.block import blocks_for
+from prefixkv.groups.hisparse.state import HiSparseState
+
+from .layout import UnsupportedByPrefixKV
+
+__all__ = ["SERVED", "HiSparseSeam", "hisparse_state"]
+
+SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
+          "all_context_pages_resident")
+_SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
+          "no external loads (docs/integration.md, \"HiSparse\")")
+
+
+def _refused(name: str) -> NoReturn:
+    raise UnsupportedByPrefixKV(f"prefixkv's HiSparse coordinator does not serve {name}: {_SCOPE}")
+
+
+def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable_caching: bool,
+                   max_in_flight_tokens: int | None = None, num_prefill_lookahead: int = 0) -> HiSparseState:
+    """The prefixkv state of a HiSparse layout as vLLM builds one (source group on the host
+    pool, indexer, one resident and one hot group, one block size); UnsupportedByPrefixKV,
+    naming it, for anything else."""
+    groups = kv_cache_config.kv_cache_groups
+    specs = [g.kv_cache_spec for g in groups]
+    roles = [getattr(g, "role", None) for g in groups]
+    sizes = {s.block_size for s in specs}
+    if enable_caching:
+        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
+    if (len(groups) != 4 or roles[:2] != [KVCacheGroupRole.HISPARSE_SOURCE, KVCacheGroupRole.HISPARSE_INDEXER]
+            or not isinstance(specs[2], HiSparseResidentSpec) or not isinstance(specs[3], HiSparseHotSpec)):
+        _refused(f"this layout ({[type(s).__name__ for s in specs]}): only source, indexer, one "
+                 "resident and one hot group")
+    if len(sizes) != 1:
+        _refused(f"block sizes {sorted(sizes)}")
+    host = kv_cache_config.hisparse_host_num_blocks
+    if host is None:
+        _refused("a HiSparse layout without a host pool (hisparse_host_num_blocks)")
+    bs = sizes.pop()
+    in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+    hot = specs[3]
+    assert isinstance(hot, HiSparseHotSpec)
+    return HiSparseState(kv_cache_config.num_blocks, host, hot.blocks_per_request, bs,
+                         blocks_for(min(in_flight, max_model_len), bs), max_model_len // bs,
+                         max(num_prefill_lookahead - 1, 0))
+
+
+class HiSparseSeam(HiSparseCoordinator):
+    """vLLM's coordinator over prefixkv's ``state`` (module doc); ``host_group_id``: the
+    source group's index (0 in vLLM's layouts)."""
+
+    _state: HiSparseState
+
+    def __init__(self, state: HiSparseState, host_group_id: int = 0) -> None:  # (not vLLM's)
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "host_group_id", host_group_id)
+
+    @property
+    def state(self) -> HiSparseState:
+        """prefixkv's state behind the seam."""
+        return self._state
+
+    def advance_scheduled(self, requests: Iterable[tuple[str, int]]) -> None:
+        """Each scheduled request's step to its number of tokens computed: copies planned,
+        pages unpinned or the hot region asked for (``HiSparseState.advance``)."""
+        for request_id, num_tokens in requests:
+            self.state.advance(request_id, num_tokens)
+
+    def build_offload_command(self) -> SparseKVOffloadCommand:
+        """The copies planned since the last call, each after the step's forward pass."""
+        return SparseKVOffloadCommand(page_transfers=[
+            SparseKVPageTransfer(transfer_id=t, host_block_id=host, resident_block_ids=(block,),
+                                 after_forward=True)
+            for t, block, host in self.state.take_copies()])
+
+    def update_spills(self, enqueued_counts: Mapping[int, int], completed_counts: Mapping[int, int]) -> None:
+        """The workers' reports on the copies (``HiSparseState.report``)."""
+        self.state.report(enqueued_counts, completed_counts)
+
+    def has_pending_work(self) -> bool:
+        """Whether a copy is still to be sent or confirmed."""
+        return self.state.spills.has_work()
+
+    def all_context_pages_resident(self, requests: Iterable[tuple[str, int, int]]) -> bool:
+        """Whether each (request, computed, scheduled) reads only pages on the device: its
+        row covers the tokens and lost none of its pages."""
+        state = self.state
+        for request_id, num_computed_tokens, num_scheduled_tokens in requests:
+            row = state.request(request_id)[2] if state.holds(request_id) else []
+            pages = blocks_for(num_computed_tokens + num_scheduled_tokens, state.block_size)
+            if len(row) < pages or 0 in row:
+                return False
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        _refused(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refused(f"setting {name}")
+
+
+def _refusal(name: str) -> Any:
+    def refuse(self: HiSparseSeam, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused(name)
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
+    return refuse
+
+
+for _name in [n for n in vars(HiSparseCoordinator) if not n.startswith("__") and n not in SERVED]:
+    setattr(HiSparseSeam, _name, _refusal(_name))
