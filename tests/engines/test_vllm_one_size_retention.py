@@ -23,7 +23,7 @@ from .test_vllm_sized_model import OP, PROMPT, Pair, _drive, _pool  # noqa: E402
 # (groups: (block size, window or None), retention interval)
 ONE_SIZE = {
     "window8@8, retention 0": (((8, 8),), 0),
-    "window12@8, retention 16": (((8, 12),), 16),
+    "window12@8, retention 32": (((8, 12),), 32),
     "window20@8, retention 32": (((8, 20),), 32),
     "full8+window8@8, retention 0": (((8, None), (8, 8)), 0),
     "full8+window12@8, retention 24": (((8, None), (8, 12)), 24),
