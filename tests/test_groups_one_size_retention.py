@@ -112,3 +112,19 @@ def test_a_retention_beside_an_uncached_window_or_in_a_subclass_is_refused():
     with pytest.raises(ConfigError, match="retention"):
         Sub([full_attention(), sliding_window(8, retention=0)], 20, 8)
     Sub([full_attention(), sliding_window(8)], 20, 8)  # (no retention: the one-size manager)
+
+
+def test_fork_and_uncache_blocks_beside_a_retention_are_refused_before_any_change():
+    """At one size with a window's retention the sized calls serve the manager: ``fork``
+    and ``uncache_blocks`` raise ConfigError (not served there), changing nothing."""
+    m = HybridKVCacheManager([full_attention(), sliding_window(8, retention=16)], 30, 8)
+    adm = m.add_request("a", list(range(40)), num_new_tokens=40)
+    assert adm is not None
+    free, ids = m.num_free_blocks, m.get_block_ids("a")
+    with pytest.raises(ConfigError, match="fork"):
+        m.fork("a", "b")
+    with pytest.raises(ConfigError, match="uncache_blocks"):
+        m.uncache_blocks([adm.group_block_ids[0][0]])
+    assert m.num_free_blocks == free and m.get_block_ids("a") == ids
+    assert m.lookup(list(range(40)) + [1]) == 32  # (the tails at 16 and 32: segments and replay mark)
+    m.check_invariants()
