@@ -56,7 +56,8 @@ def test_a_retention_but_a_cached_windows_int_at_least_0_is_a_config_error(spec)
 
 
 @pytest.mark.parametrize(("sizes", "retention", "words"), [
-    (16, 0, "different block sizes"),  # (one size)
+    (BlockSizes.of([16, 16], peek=(False, True)), 0, "without peek"),  # (one size: served, not with peek)
+    (16, 24, "multiple of align 16"),
     (BlockSizes.of([32, 8], peek=(False, True)), 0, "without peek"),
     (BlockSizes.of([32, 8]), 48, "multiple of align 32"),
 ])

@@ -99,7 +99,9 @@ def test_the_interval_is_taken_and_refused_where_vllms_manager_does(name, interv
                  else "must be non-negative and a multiple of scheduler_block_size")
         assert words in str(vllms) and words in str(ours), (vllms, ours)
         return
-    applied = name == "full32+window8"  # (groups of different sizes, full attention, windows only)
+    # (groups of different sizes, full attention among them, windows only; at one size a
+    # positive interval: 0 stays dense there, retention.py)
+    applied = name == "full32+window8" or (name in ("window", "full+window") and bool(interval))
     if name != "full" and interval and not applied:  # (vLLM's sparse retention, not applied)
         assert isinstance(ours, UnsupportedByPrefixKV), ours
         assert f"prefix_cache_retention_interval={interval}" in str(ours)
@@ -135,15 +137,22 @@ def test_a_refusal_changes_nothing_of_the_config():
 STEMS = [[100 * s + k for k in range(200)] for s in range(3)]
 
 
-@pytest.mark.parametrize("interval", [0, 64])
+# (groups: (block size, window or None)) and the interval: vLLM's retention tests' layout
+# of two sizes, and at one size full attention beside a window, and a window alone
+STREAMS = [("full32+window8", ((32, None), (8, 8)), 0), ("full32+window8", ((32, None), (8, 8)), 64),
+           ("full16+window16@16", ((16, None), (16, 16)), 32), ("window16@16", ((16, 16),), 64)]
+
+
+@pytest.mark.parametrize(("name", "groups", "interval"), STREAMS, ids=[f"{n}-{i}" for n, _, i in STREAMS])
 @settings(max_examples=25, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 200), st.integers(0, 3),
                               st.none() | st.integers(8, 96), st.booleans()), min_size=3, max_size=14))
 @example(ops=[(0, 1, 0, None, False), (0, 1, 0, None, True), (0, 158, 3, None, True),  # (r4's block
                (1, 64, 0, None, True), (0, 32, 1, None, True), (1, 190, 3, None, True),  # 0 a twin of
                (0, 1, 0, None, False), (0, 14, 3, None, False), (0, 96, 1, None, False)])  # r2's)
-def test_the_plugin_retains_as_vllms_manager(interval, ops):
-    """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout):
+def test_the_plugin_retains_as_vllms_manager(name, groups, interval, ops):
+    """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout;
+    and layouts of one block size, where the plug-in applies a positive interval):
     prompts of shared stems admitted as vLLM's scheduler admits them (the junction
     ``get_computed_blocks`` reports kept on the request), prefilled in chunks, some
     freed. Each manager is held, after every call, to the reference of its free rule
@@ -158,21 +167,24 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
     prompt). Past it they must still give the same hit where the two rules cache the
     same keys of the prompt's prefixes, and every block a hit names on either holds the
     prompt's KV. Before the retention was applied prefixkv took 0 and cached every
-    window block (longer hits, no junction) and refused 64."""
+    window block (longer hits, no junction) and refused 64 (at one size: until
+    retention-r27)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.request import RequestStatus
 
     init_none_hash(sha256)
-    specs = (_full(32), _window(8, 8))
+    specs = tuple(_full(b) if w is None else _window(b, w) for b, w in groups)
     sides = [_build("vllm", specs, interval), _build("prefixkv", specs, interval)]
-    groups = ((32, None), (8, 8))
-    models = [SizedModel(groups, 40, 8, 32, twins=twins, retention=interval) for twins in (False, True)]
-    kv = [Written([32, 8], 0), Written([32, 8], 0)]
+    sizes = [b for b, _ in groups]
+    h, lcm = math.gcd(*sizes), math.lcm(*sizes)
+    models = [SizedModel(groups, 40, h, lcm, twins=twins, retention=interval) for twins in (False, True)]
+    kv = [Written(sizes, 0), Written(sizes, 0)]
+    none = [[] for _ in groups]
     live: list[tuple[str, list[Any], list[bool]]] = []
     for n, (stem, length, tail, chunk, free) in enumerate(ops):
         tokens = STEMS[stem][:length] + [7] * tail or [7]
-        reqs = [_request(f"r{n}", tokens, 8) for _ in sides]
+        reqs = [_request(f"r{n}", tokens, h) for _ in sides]
         found = [side.get_computed_blocks(r) for side, r in zip(sides, reqs, strict=True)]
         if not models[1].emptied or rules_agree(*models, tokens):
             assert found[0][1] == found[1][1], (tokens, found[0][1:], found[1][1:])
@@ -180,7 +192,7 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
         for side, r, (blocks, hit, junction), model, written in zip(sides, reqs, found, models, kv,
                                                                     strict=True):
             assert hit == model.hit(tokens, None)[0], (tokens, hit)
-            written.check_hit(blocks.get_block_ids() if hit else [[], []], tokens)
+            written.check_hit(blocks.get_block_ids() if hit else none, tokens)
             num_new = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
             if model.add(r.request_id, tokens, None, num_new) is None:
                 # (vLLM releases a window's blocks before it refuses; prefixkv does not)
@@ -213,3 +225,28 @@ def test_the_plugin_retains_as_vllms_manager(interval, ops):
             assert queues == [list(model.free) for model in models]
             if not models[1].emptied:
                 assert queues[0] == queues[1]
+
+
+def test_a_pure_window_through_the_plugin_caches_vllms_sparse_tails():
+    """vLLM's test_pure_swa_retention_interval_caches_sparse_tails (a window of 16 at
+    16 alone, interval 64, a prompt of 16 blocks) on the plug-in: the segments' tails
+    and the replay boundary's, {3, 7, 11, 14, 15}, cached as on vLLM's manager, and a
+    replay hits 240 on both (the row itself also asks for vLLM's coordinator class)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    tokens = [i for i in range(16) for _ in range(16)]
+    for which in ("vllm", "prefixkv"):
+        m = _build(which, (_window(16, 16),), 64)
+        r = _request("0", tokens, 16)
+        blocks, hit, _ = m.get_computed_blocks(r)
+        got = m.allocate_slots(r, len(tokens), hit, blocks)
+        assert got is not None, which
+        if which == "vllm":
+            pool = m.block_pool
+            cached = {i for i in range(16) if pool.get_cached_block(r.block_hashes[i], [0]) is not None}
+        else:  # (vLLM's hashes of a Request built here are not the plug-in's to look up: its core's)
+            cached = {i for i in range(16) if m.core.cached_block_ids(tokens, 16 * (i + 1))[0] is not None}
+        assert cached == {3, 7, 11, 14, 15}, which
+        assert m.get_computed_blocks(_request("1", tokens, 16))[1] == 240, which

@@ -52,9 +52,10 @@ class HybridKVCacheManager:
         block_size: one block size (tokens) for every group, or a ``BlockSizes``
             (``BlockSizes.of(sizes, hash_size, align)``: one size per group, the hash
             block and the alignment of hits and caching; docs/groups.md). Sizes that
-            are not ``one_size`` make the manager a ``SizedHybridKVCacheManager``
-            (groups/sized.py: what it serves and refuses); one size is the one-size
-            manager (``sizes`` says what it was given).
+            are not ``one_size``, or a window's ``retention`` at one size, make the
+            manager a ``SizedHybridKVCacheManager`` (groups/sized.py: what it serves
+            and refuses); one size is the one-size manager (``sizes`` says what it was
+            given).
         num_blocks, hash_mode, seed, enable_events, max_events, vocab_size:
             as ``KVCacheManager``. One block is reserved as ``null_block_id`` when some
             group releases blocks. No host tier.
@@ -64,8 +65,8 @@ class HybridKVCacheManager:
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block; ``block_size`` a ``BlockSizes`` that
             ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
-            (not served yet) not ``one_size`` in a subclass or beside an uncached
-            window (``GroupSpec.cached``).
+            (not served yet) not ``one_size`` (or a window's ``retention``) in a
+            subclass or beside an uncached window (``GroupSpec.cached``).
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """

@@ -46,13 +46,15 @@ def construct(
     if not sizes.one_size and not all(s.cached for s in specs):
         raise ConfigError(f"uncached windows (GroupSpec.cached False) are served at one block "
                           f"size only, got {sizes}")
-    if not sizes.one_size and not self._serves_sizes:
+    _check_retention(specs, sizes)
+    retains = any(s.retention is not None for s in specs)  # (served at one size by the sized calls too)
+    if (retains or not sizes.one_size) and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
         if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
-            raise ConfigError(f"{type(self).__name__} serves one block size, got {sizes}")
+            raise ConfigError(f"{type(self).__name__} serves one block size without a window's "
+                              f"retention, got {sizes}")
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
-    _check_retention(specs, sizes)
     check_flag("enable_events", enable_events, ConfigError)
     check_positive("max_events", max_events)
     if vocab_size is not None:
@@ -93,15 +95,16 @@ def construct(
 
 
 def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
-    """Raises ConfigError for a window's ``retention`` where it is not served: at one
-    block size, beside ``peek`` (vLLM's EAGLE moves the tails a block up) or partial
-    hits, or not a multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``)."""
+    """Raises ConfigError for a window's ``retention`` where it is not served: beside
+    ``peek`` (vLLM's EAGLE moves the tails a block up), partial hits or an uncached
+    window, or not a multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``). At
+    one block size too, the sized manager's calls serve it (groups/sized.py)."""
     got = [s.retention for s in specs if s.retention is not None]
     if not got:
         return
-    if sizes.one_size or sizes.peek or sizes.partial:
-        raise ConfigError(f"a window's retention is served with groups of different block sizes, "
-                          f"without peek and partial hits, got {sizes}")
+    if sizes.peek or sizes.partial or not all(s.cached for s in specs):
+        raise ConfigError(f"a window's retention is served without peek, partial hits and uncached "
+                          f"windows, got {sizes}")
     if any(r % sizes.align for r in got):
         raise ConfigError(f"a window's retention must be a multiple of align {sizes.align}, got {got}")
 

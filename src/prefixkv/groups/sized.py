@@ -1,6 +1,6 @@
 """The hybrid manager for groups of different block sizes (vLLM's hybrid layouts,
 docs/groups.md): ``HybridKVCacheManager(groups, num_blocks, BlockSizes.of(sizes))``
-makes a ``SizedHybridKVCacheManager`` when the sizes are not ``one_size``.
+makes a ``SizedHybridKVCacheManager`` when the sizes are not ``one_size`` (or a window has a ``retention``).
 
     tokens       | 0 .. h-1 | h .. 2h-1 | 2h .. 3h-1 | 3h .. 4h-1 | ...
     prefix ids   | nodes[0] | nodes[1]  | nodes[2]   | nodes[3]   |  (one per hash block)

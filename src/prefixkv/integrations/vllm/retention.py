@@ -15,12 +15,13 @@ interval at construction (``_validate_prefix_cache_retention_interval``):
 ``read_retention`` refuses, before anything is built, what vLLM refuses (``ConfigError``,
 a ValueError, with vLLM's words), and applies the interval where prefixkv's groups serve
 vLLM's sparse retention: its windows' ``retention`` (``prefixkv.groups.sliding_window``),
-with groups of different block sizes, full attention among them, no Mamba group and no
-EAGLE. Elsewhere its groups cache densely (vLLM's ``None``): it refuses a positive
-interval beside a window or Mamba group there (``UnsupportedByPrefixKV``), and takes 0,
-vLLM's ``CacheConfig`` default, which every engine passes: prefixkv then caches more
-blocks than vLLM, each holding the KV vLLM would find (docs/integration.md,
-"prefix_cache_retention_interval").
+beside windows only (no Mamba group, no uncached window) and without EAGLE: with groups
+of different block sizes, full attention among them; at one block size (a pure
+sliding-window model too), a positive interval. Elsewhere its groups cache densely
+(vLLM's ``None``): it refuses a positive interval beside a window or Mamba group there
+(``UnsupportedByPrefixKV``), and takes 0, vLLM's ``CacheConfig`` default, which every
+engine passes: prefixkv then caches more blocks than vLLM, each holding the KV vLLM
+would find (docs/integration.md, "prefix_cache_retention_interval").
 """
 
 from __future__ import annotations
@@ -62,15 +63,28 @@ def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_blo
     if interval < 0 or interval % scheduler_block_size:
         raise ConfigError(f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
                           f"multiple of scheduler_block_size ({scheduler_block_size})")
-    kinds = {g.kind for g in layout.groups}
-    if not layout.sizes.one_size and not use_eagle and FULL in kinds and kinds <= {FULL, SLIDING}:
+    if _applies(layout, interval, use_eagle):
         return interval, replace(layout, groups=tuple(
             sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else g
             for g in layout.groups))
     if interval:
         raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
                                     f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
-                                    f"it does with groups of different block sizes, full attention "
-                                    f"among them, beside windows only and without EAGLE; 0 and None are "
+                                    f"it does beside windows only (no Mamba group, no uncached window), "
+                                    f"without EAGLE, with groups of different block sizes and full "
+                                    f"attention among them, or at one block size; 0 and None are "
                                     f"taken (docs/integration.md)")
     return 0, layout
+
+
+def _applies(layout: Layout, interval: int, use_eagle: bool) -> bool:
+    """Whether prefixkv applies ``interval`` (an int >= 0) to ``layout``'s windows:
+    beside windows only, cached ones, without EAGLE; with groups of different block
+    sizes, full attention among them; at one block size (the manager then serves the
+    windows with its sized calls: docs/groups.md), a positive interval only (0, the
+    default every engine passes, keeps the one-size manager's calls, dense: the sized
+    ones refuse ``uncache_blocks``, which vLLM's failed loads call)."""
+    kinds = {g.kind for g in layout.groups}
+    if use_eagle or not kinds <= {FULL, SLIDING} or not all(g.cached for g in layout.groups):
+        return False
+    return bool(interval) if layout.sizes.one_size else FULL in kinds
