@@ -21,6 +21,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,16 +41,18 @@ def run(backend: RedisStore, blocks: int, rounds: int, here: int, there: int) ->
 
     rows: dict[str, dict[str, list[float]]] = {w: {k: [] for k in COLUMNS}
                                                for w in ("inline", "apart")}
-    clock = time.thread_time
+    def timed(call: Any, *args: Any) -> tuple[Any, float]:
+        c = time.thread_time()
+        out = call(*args)
+        return out, time.thread_time() - c
+
     gc.disable()
     try:
         for r in range(2 * rounds + 8):  # the first rounds fill the pool: not counted
             where = "apart" if r % 4 in (1, 2) else "inline"  # (ABBA)
             prompt = m.prepare(prompts[r % 4])
-            c = clock()
-            out = m.add_request("r", prompt)
-            start = clock() - c
-            assert isinstance(out, StoreWait), out
+            wait, start = timed(m.add_request, "r", prompt)
+            assert isinstance(wait, StoreWait), wait
             m.take_kv_ops()  # (a step ends while the fetch runs)
             if where == "inline":
                 ex.run()
@@ -57,13 +60,9 @@ def run(backend: RedisStore, blocks: int, rounds: int, here: int, there: int) ->
                 t = threading.Thread(target=apart)
                 t.start()
                 t.join()
-            c = clock()
-            m.poll_store()
-            land = clock() - c
-            c = clock()
-            got = m.add_request("r", prompt)
-            readmit = clock() - c
-            assert got.num_cached_tokens == blocks * BS, got  # type: ignore[union-attr]
+            _, land = timed(m.poll_store)
+            got, readmit = timed(m.add_request, "r", prompt)
+            assert got.num_cached_tokens == blocks * BS, got
             m.free("r")
             m.take_kv_ops()
             if r >= 8:
@@ -74,10 +73,15 @@ def run(backend: RedisStore, blocks: int, rounds: int, here: int, there: int) ->
         shared.close()
     print(f"{blocks} blocks, {rounds} rounds each, this thread on CPU {here}, the apart fetch "
           f"on CPU {there}, load {os.getloadavg()[0]:.2f}; thread CPU us, medians")
+    show(rows)
+
+
+def show(rows: dict[str, dict[str, list[float]]]) -> None:
+    """One line per placement: the medians of each call, in us, and their sum."""
     for where, cols in rows.items():
-        med = {k: statistics.median(v) * 1e6 for k, v in cols.items()}
-        print(f"  {where:7} " + "  ".join(f"{k} {med[k]:6.1f}" for k in COLUMNS)
-              + f"  sum {sum(med.values()):6.1f}")
+        us = [statistics.median(cols[k]) * 1e6 for k in COLUMNS]
+        print(f"  {where:7} " + "  ".join(f"{k} {t:6.1f}" for k, t in zip(COLUMNS, us, strict=True))
+              + f"  sum {sum(us):6.1f}")
 
 
 def main() -> None:
