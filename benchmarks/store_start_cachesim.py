@@ -9,7 +9,8 @@ misses of a start that follows a fetch of ``blocks`` blocks (results/store25a-r2
 
 With a third argument ``free``, the counted calls are instead the request's ``free`` and
 the ``take_kv_ops()`` after it, the two scheduler-thread calls that follow a store-hit
-admission (results/store25-r25.md).
+admission (results/store25-r25.md); with ``land``, the landing poll after the fetch
+(results/store25-r27.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def _free_and_step(m: Any) -> None:
 def main() -> None:
     blocks, counted = int(sys.argv[1]), int(sys.argv[2])
     free = sys.argv[3:] == ["free"]  # (count the free and the step, not the start)
+    land = sys.argv[3:] == ["land"]  # (count the landing poll, not the start)
     with local_backend() as backend:
         layout = StoreLayout(f"cachesim-{time.time_ns()}", "x", 4096)
         ex = Inline()
@@ -51,14 +53,18 @@ def main() -> None:
             if r < 4:
                 fill(layout, backend, ids)
             prompt = m.prepare(ids)
-            if r >= 8 and not free:
+            if r >= 8 and not (free or land):
                 (wait,) = list(starmap(m.add_request, [("r", prompt)]))
             else:
                 wait = m.add_request("r", prompt)
             assert isinstance(wait, StoreWait), wait
             m.take_kv_ops()
             ex.run()
-            assert m.poll_store() == ["r"]
+            if r >= 8 and land:
+                (ended,) = list(starmap(m.poll_store, [()]))
+            else:
+                ended = m.poll_store()
+            assert ended == ["r"], ended
             m.add_request("r", prompt)
             if r >= 8 and free:
                 list(starmap(_free_and_step, [(m,)]))
