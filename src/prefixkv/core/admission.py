@@ -259,8 +259,10 @@ def add_request(
             req.prompt_chunks, req.prompt_hashes = chunks, p.hashes
     if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
         w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
-        index.store(req, first, (chunks[first:last], p.extras[first:last], None),
-                    p.data[first * w:last * w])
+        cs, xs, d = chunks[first:last], p.extras[first:last], p.data[first * w:last * w]
+        # (``store``'s common case first, called as ``store`` calls it: a frame fewer)
+        if last - first < 3 or not index._store_run(req, first, cs, xs, d):  # type: ignore[union-attr]
+            index.store(req, first, (cs, xs, None), d)
     requests[request_id] = req
     stats = self._stats  # (``StatsCounter.record``, inline)
     if resumed:  # (rare: the call)
