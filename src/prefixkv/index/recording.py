@@ -77,7 +77,8 @@ class ContentRecorder(LandedRecorder):
         """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
         them (a prepared prompt's: no join)."""
         chunks, extras, hashes = prepared
-        if hashes is None and len(chunks) > 2 and self._store_run(req, first, chunks, extras, data):
+        if hashes is None and len(chunks) > 2 and self._lower is None \
+                and self._store_run(req, first, chunks, extras, data):
             return
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
@@ -172,9 +173,9 @@ class ContentRecorder(LandedRecorder):
         (``store(req, first, (chunks, extras, None), data)``; ``add_request``'s common
         case calls it first, with no ``store`` frame): a miss's first block is new
         content (so is every block after it) chained under its parent (or keyed: a first
-        block), and the rest are a run (``_record_run``); no tier below, no multimodal
-        keys, a parent (settled) that may chain; more than two blocks (its callers'
-        test). Returns False,
+        block), and the rest are a run (``_record_run``); no multimodal keys, a parent
+        (settled) that may chain; no tier below and more than two blocks (its callers'
+        tests: ``add_request``'s common case has no tier). Returns False,
         having changed nothing but settling the parent (as ``store`` does first), when
         that is not the case or the first block's content is held (a spare: ``store``'s
         loop records it)."""
@@ -187,10 +188,8 @@ class ContentRecorder(LandedRecorder):
                     ps is not None and ps.pending):
                 self._settle_near(parent)
         cid = parent.content_id if parent is not None else 0
-        if self._lower is not None or not self.runs \
-                or req.keys.mm is not None or (parent is not None and (
-                    parent.key is None or parent.twin
-                    or (self._twins and cid in self._twins))):
+        if not self.runs or req.keys.mm is not None or (parent is not None and (
+                parent.key is None or parent.twin or (self._twins and cid in self._twins))):
             return False
         chunk, extra = chunks[0], extras[0]
         c = parent.child if parent is not None else NO_CHILD  # (``_held``, inline)
