@@ -77,6 +77,9 @@ class ContentRecorder(LandedRecorder):
         """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
         them (a prepared prompt's: no join)."""
         chunks, extras, hashes = prepared
+        if hashes is None and len(chunks) > 2 and self._lower is None \
+                and self._store_run(req, first, chunks, extras, data):
+            return
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
         if parent is not None and self.run_counts.pending:  # (``_settle_near``'s tests,
@@ -91,12 +94,6 @@ class ContentRecorder(LandedRecorder):
                                            hashes, self._next_id, self.step)
             return
         cid = parent.content_id if parent is not None else 0
-        if hashes is None and self._lower is None and len(chunks) > 2 and self.runs \
-                and req.keys.mm is None and (parent is None or (
-                    parent.key is not None and not parent.twin
-                    and not (self._twins and cid in self._twins))) \
-                and self._store_run(req, first, parent, cid, chunks, extras, data):
-            return
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
@@ -170,14 +167,30 @@ class ContentRecorder(LandedRecorder):
                                         blocks[first:first + len(chunks)], chunks, extras,
                                         req.keys.extra, first, self._bs, spares))
 
-    def _store_run(self, req: Request, first: int, parent: Block | None, cid: int,
-                   chunks: Sequence[bytes], extras: list[bytes], data: bytes | None) -> bool:
-        """``store``'s common case in one pass, without its loop: a miss's first block is
-        new content (so is every block after it) chained under ``parent`` (or keyed: a
-        first block), and the rest are a run (``_record_run``); no tier below, no hashes
-        now, no multimodal keys, more than two blocks, ``parent`` (settled) may chain.
-        Returns False, having changed nothing, when the first block's content is held
-        (a spare: ``store``'s loop records it)."""
+    def _store_run(self, req: Request, first: int, chunks: Sequence[bytes], extras: list[bytes],
+                   data: bytes | None) -> bool:
+        """``store``'s common case in one pass, without its loop, with no hashes now
+        (``store(req, first, (chunks, extras, None), data)``; ``add_request``'s common
+        case calls it first, with no ``store`` frame): a miss's first block is new
+        content (so is every block after it) chained under its parent (or keyed: a first
+        block), and the rest are a run (``_record_run``); no multimodal keys, a parent
+        (settled) that may chain; no tier below and more than two blocks (its callers'
+        tests: ``add_request``'s common case has no tier). Returns False,
+        having changed nothing but settling the parent (as ``store`` does first), when
+        that is not the case or the first block's content is held (a spare: ``store``'s
+        loop records it)."""
+        blocks = req.blocks
+        parent = blocks[first - 1] if first else None
+        if parent is not None and self.run_counts.pending:  # (``store``'s, as there)
+            pr = parent.counted
+            ps = parent.starts
+            if (pr is not None and pr.pending and parent is not pr.blocks[-1]) or (
+                    ps is not None and ps.pending):
+                self._settle_near(parent)
+        cid = parent.content_id if parent is not None else 0
+        if not self.runs or req.keys.mm is not None or (parent is not None and (
+                parent.key is None or parent.twin or (self._twins and cid in self._twins))):
+            return False
         chunk, extra = chunks[0], extras[0]
         c = parent.child if parent is not None else NO_CHILD  # (``_held``, inline)
         if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
@@ -186,7 +199,6 @@ class ContentRecorder(LandedRecorder):
         if (k is not None and k.parent_cid == cid and k.extra == extra) or (
                 self._by_key and (cid, chunk, extra) in self._by_key):
             return False
-        blocks = req.blocks
         b = blocks[first]
         b.parent_cid = cid
         b.extra = extra
@@ -219,7 +231,11 @@ class ContentRecorder(LandedRecorder):
             sr.hasher, sr.parent, sr.blocks = self._hasher, parent, blocks[first:first + len(chunks)]
             sr.chunks, sr.extras, sr.extra = chunks, extras, req.keys.extra
             sr.first, sr.bs, sr.spares = first, self._bs, None
-            self._sink.defer(sr)
+            log = self._sink  # (``EventLog.defer``, inline: one StoredRun counts as one event)
+            log._events.append(sr)  # type: ignore[union-attr]
+            log._deferred += 1  # type: ignore[union-attr]
+            if len(log._events) + log._extra > log.max_events:  # type: ignore[union-attr]
+                log._overflow()  # type: ignore[union-attr]
         return True
 
     def _record_run(self, head: Block, span: list[Block], chunks: Sequence[bytes], data: bytes,
