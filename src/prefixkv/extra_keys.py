@@ -153,7 +153,8 @@ class ExtraKeys:
         base = self.base_bytes()
         out = [base] * num_blocks
         for m in self.mm:
-            tagged = mm_bytes(m)
+            raw = m.hash.encode() if isinstance(m.hash, str) else m.hash  # (``mm_bytes``, inline)
+            tagged = b"M" + _U32.pack(len(raw)) + raw + _U64x2.pack(m.offset, m.length)
             first = m.offset // block_size
             last = min((m.offset + m.length - 1) // block_size, num_blocks - 1)
             for i in range(first, last + 1):

@@ -140,7 +140,8 @@ def _extra_keys(ev: BlockStored, lookahead: int = 0) -> list[tuple[Any, ...] | N
     if x is None:
         return [None] * len(ev.block_hashes)
     bs = ev.block_size
-    return [vllm_extra_keys(x, j * bs, bs + lookahead)
+    width = bs + lookahead
+    return [vllm_extra_keys(x, j * bs, width)
             for j in range(ev.first_block, ev.first_block + len(ev.block_hashes))]
 
 
@@ -157,7 +158,7 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
     hashes: list[int | bytes] = []
     tokens: list[int] = []
     extra_keys: list[tuple[Any, ...] | None] = []
-    lookahead = lookahead_of(first)
+    lookahead = 0 if first.__class__ is BlockStored else getattr(first, "lookahead", 0)  # (lookahead_of)
     for ev in run:
         hashes += [wire_hash(h, fmt) for h in ev.block_hashes]
         tokens += ev.token_ids

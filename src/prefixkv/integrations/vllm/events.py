@@ -46,9 +46,14 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
             lora, lora_id = (extra.lora, extra.lora_id) if extra is not None else (None, None)
             n = len(e.block_hashes)
             bs = e.block_size
-            la = lookahead_of(e)
-            keys: list[tuple[Any, ...] | None] = [None] * n if extra is None else \
-                [vllm_extra_keys(extra, j * bs, bs + la) for j in range(e.first_block, e.first_block + n)]
+            la = 0 if e.__class__ is core.BlockStored else lookahead_of(e)
+            keys: list[tuple[Any, ...] | None]
+            if extra is None:
+                keys = [None] * n
+            else:
+                width = bs + la  # (the block and the L tokens after it: vLLM's window)
+                first = e.first_block
+                keys = [vllm_extra_keys(extra, j * bs, width) for j in range(first, first + n)]
             after = e.lookahead_token_ids if la else None  # type: ignore[attr-defined]
             last = out[-1] if out else None
             if (isinstance(last, BlockStored) and last.group_idx == group
