@@ -98,8 +98,9 @@ def test_events_name_the_contents_vllms_events_name(lookahead, prefill_lookahead
         for m in managers:
             m.free(r)
     # requests of new tokens, held, until neither pool has a block left (4 blocks each,
-    # then 1): every cached block is evicted on both sides; the order in which they go
-    # is compared by test_vllm_lookahead's hits, not here
+    # then 1): every cached block is evicted on both sides. The order in which they go is
+    # not compared: in some streams prefixkv evicts a block one step after vLLM does
+    # ((L, P) = (2, 2), seed 108841: docs/lookahead.md, "What serving the rest takes")
     for k in range(500):
         n = 4 * BS if k < 120 else BS
         r = _request(f"fill{k}", [ALPHABET + 1 + 16 * k + i for i in range(n)], lookahead, managers[0])
