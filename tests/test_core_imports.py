@@ -39,6 +39,7 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse", "core.store_readmit", "core.store_holds", "core.lookahead",
+             "core.lookahead_events",
              "core.store_start"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.tails", "groups.fine", "groups.results", "groups.request",

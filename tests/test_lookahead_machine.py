@@ -33,11 +33,13 @@ class LookaheadMachine(RuleBasedStateMachine):
     """A lookahead manager and the reference side by side (module docstring)."""
 
     num_blocks = 4096  # (never short, nothing evicted)
+    options: dict = {}  # (the manager's other options: test_lookahead_events turns events on)
 
     @initialize(bs=st.integers(2, 4), lookahead=st.integers(1, 5))
     def setup(self, bs, lookahead):
         self.bs, self.L = bs, lookahead
-        self.m = LookaheadKVCacheManager(self.num_blocks, bs, hash_lookahead_tokens=lookahead)
+        self.m = LookaheadKVCacheManager(self.num_blocks, bs, hash_lookahead_tokens=lookahead,
+                                         **self.options)
         self.model = LookaheadModel(bs, lookahead)
         self.kv = KVModel(bs, lookahead)
         self.reqs: dict[int, tuple[list[int], int]] = {}  # id: (tokens known, computed)
@@ -136,6 +138,7 @@ class LookaheadMachine(RuleBasedStateMachine):
         self.next_id += 1
         if self.m.fork(parent, rid) is None:  # (the small pool's machine)
             return
+        self.m.take_kv_ops()  # (the step's copies run: their sources are held until then)
         tokens, computed = self.reqs[parent]
         full = computed // self.bs
         assert self.m.get_block_ids(rid)[:full] == self.m.get_block_ids(parent)[:full]

@@ -153,7 +153,7 @@ class ExtraKeys:
         base = self.base_bytes()
         out = [base] * num_blocks
         for m in self.mm:
-            raw = m.hash.encode() if isinstance(m.hash, str) else m.hash
+            raw = m.hash.encode() if isinstance(m.hash, str) else m.hash  # (``mm_bytes``, inline)
             tagged = b"M" + _U32.pack(len(raw)) + raw + _U64x2.pack(m.offset, m.length)
             first = m.offset // block_size
             last = min((m.offset + m.length - 1) // block_size, num_blocks - 1)
@@ -163,6 +163,12 @@ class ExtraKeys:
 
 
 _BISECT_FROM = 16  # inputs past which ``for_range`` bisects
+
+
+def mm_bytes(m: MultiModalInput) -> bytes:
+    """The tagged encoding of one multimodal input in a block's extra-key bytes."""
+    raw = m.hash.encode() if isinstance(m.hash, str) else m.hash
+    return b"M" + _U32.pack(len(raw)) + raw + _U64x2.pack(m.offset, m.length)
 
 
 def _check_lora_path(lora: str | None, path: object) -> None:

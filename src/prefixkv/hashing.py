@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from .errors import ConfigError, TokenError
-from .extra_keys import check_extra
+from .extra_keys import ExtraKeys, check_extra, mm_bytes
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -242,9 +242,22 @@ def chain_hashes(fn: HashFn, parent: bytes, chunks: Sequence[bytes],
     return out
 
 
+def lookahead_bytes(extra: ExtraKeys | None, tokens: array[int], end: int, lookahead: int) -> bytes:
+    """What follows the extra-key bytes of the block that ends at token ``end`` under
+    lookahead keys (vLLM's ``num_hash_lookahead_tokens`` = ``lookahead``): the
+    multimodal inputs of ``extra`` that start in ``[end, end + lookahead)`` (tagged as in
+    ``ExtraKeys.block_bytes``: vLLM's extra keys of such a block cover that window too),
+    then ``b"A" || lookahead:u32 || tokens[end:end + lookahead]`` (uint32 LE each: the
+    last ``4 * lookahead`` bytes are the tokens)."""
+    later = b""
+    if extra is not None and extra.mm:
+        later = b"".join(mm_bytes(m) for m in extra.mm if end <= m.offset < end + lookahead)
+    return later + b"A" + struct.pack("<I", lookahead) + token_bytes(tokens[end:end + lookahead])
+
+
 def block_hashes(
     token_ids: Sequence[int], block_size: int, *, hash_mode: str | HashFn = "sha256",
-    seed: int | bytes | None = None, extra: object = None,
+    seed: int | bytes | None = None, extra: object = None, hash_lookahead_tokens: int = 0,
 ) -> list[bytes]:
     """The chain hashes of the full blocks of ``token_ids``, exactly as a
     ``KVCacheManager(block_size=block_size, hash_mode=hash_mode, seed=seed)`` names them
@@ -263,20 +276,35 @@ def block_hashes(
     tagged encoding of ``extra`` for block i (``ExtraKeys.block_bytes``: LoRA, salt, and
     the multimodal inputs overlapping the block; empty when ``extra`` is None).
 
+    With ``hash_lookahead_tokens`` = L > 0 (a ``LookaheadKVCacheManager``'s, vLLM's
+    ``num_hash_lookahead_tokens``), ``extra_bytes[i]`` is followed by the multimodal
+    inputs of ``extra`` that start in the L tokens after the block (tagged as
+    ``ExtraKeys.block_bytes`` tags them), then ``b"A" || L:u32 ||
+    tokens[(i+1)*bs:(i+1)*bs+L]`` (``lookahead_bytes``), and only the
+    ``(len(token_ids) - L) // block_size`` blocks whose L following tokens are given have
+    a hash.
+
     Returns one digest per full block (an empty list for fewer than ``block_size``
     tokens). Raises ConfigError for a ``block_size`` < 1, an unknown ``hash_mode``, a bad
     seed, or ``hash_mode="xxhash"`` without a seed (a manager draws a random one then,
     which no one outside can reproduce); TokenError for ids outside [0, 2**32);
-    ExtraKeysError for malformed ``extra`` or a multimodal range past the prompt.
+    ExtraKeysError for malformed ``extra`` or a multimodal range past the prompt;
+    ConfigError for a ``hash_lookahead_tokens`` that is not an int >= 0.
     """
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ConfigError(f"block_size must be an int >= 1, got {block_size!r}")
+    la = hash_lookahead_tokens
+    if la.__class__ is not int or la < 0:
+        raise ConfigError(f"hash_lookahead_tokens must be an int >= 0, got {la!r}")
     if hash_mode == "xxhash" and seed is None:
         raise ConfigError("hash_mode='xxhash' needs the manager's seed: without one each "
                           "manager draws a random seed that cannot be reproduced")
     fn, root = make_hash_fn(hash_mode, seed)
     arr = encode_tokens(token_ids)
     keys = check_extra(extra, len(arr))
-    n = len(arr) // block_size
+    n = max(0, len(arr) - la) // block_size
     extras = keys.block_bytes(n, block_size) if keys is not None else [b""] * n
+    if la:
+        ends = range(block_size, (n + 1) * block_size, block_size)
+        extras = [e + lookahead_bytes(keys, arr, end, la) for e, end in zip(extras, ends, strict=True)]
     return chain(fn, root, token_bytes(arr[:n * block_size]), extras)[0]

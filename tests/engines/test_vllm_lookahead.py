@@ -60,9 +60,17 @@ def _request(rid: str, tokens: list[int], lookahead: int, ours: Any) -> Any:
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_prefixkv_keys_blocks_with_their_lookahead_tokens_as_vllm(lookahead, prefill_lookahead, seed):
-    rng = random.Random(seed)
     managers = _pair(lookahead, prefill_lookahead)
     model = LookaheadModel(BS, lookahead, prefill_lookahead)
+    run_stream(random.Random(seed), managers, model, lookahead,
+               lambda live, serial: _agree(managers, model, live, lookahead, serial))
+
+
+def run_stream(rng: random.Random, managers: tuple[Any, Any], model: LookaheadModel, lookahead: int,
+               check: Any) -> dict[str, Any]:
+    """40 random calls on both managers (admissions, preemptions, ``live_call``'s), the
+    reference caching as vLLM; ``check(live, serial)`` after each. Returns the live
+    requests by id."""
     live: dict[str, Any] = {}
     for serial in range(40):
         op = rng.random()
@@ -84,7 +92,8 @@ def test_prefixkv_keys_blocks_with_their_lookahead_tokens_as_vllm(lookahead, pre
             r = live_call(rng, op, managers, live)
         if r.request_id in live:
             model.allocate(list(r.all_token_ids), r.num_computed_tokens)
-        _agree(managers, model, live, lookahead, serial)
+        check(live, serial)
+    return live
 
 
 def _readmit(r: Any, managers: tuple[Any, Any], model: LookaheadModel) -> None:
@@ -132,8 +141,6 @@ def test_what_lookahead_hashing_does_not_offer_is_refused_by_name():
     from .test_vllm_plugin import window
 
     kw = dict(max_model_len=256, enable_caching=True, scheduler_block_size=BS, num_hash_lookahead_tokens=1)
-    with pytest.raises(UnsupportedByPrefixKV, match="KV cache events"):
-        KVCacheManager(config(full(BS), num_blocks=40), hash_block_size=BS, enable_kv_cache_events=True, **kw)
     with pytest.raises(UnsupportedByPrefixKV, match="lookahead hashing"):
         KVCacheManager(config(full(BS), num_blocks=40), hash_block_size=BS, use_eagle=True, **kw)
     with pytest.raises(UnsupportedByPrefixKV, match="lookahead hashing"):  # (beside a window)

@@ -41,7 +41,7 @@ VERSION = "0.33.0"
 WHEEL = ROOT / ".cache" / "engines" / f"vllm-{VERSION}-cp38-abi3-manylinux_2_28_x86_64.whl"
 _EXTRA_KEY_DEFS = ("ExternalBlockHash", "_gen_mm_extra_hash_keys", "_gen_lora_extra_hash_keys",
                    "_gen_prompt_embeds_extra_hash_keys", "generate_block_hash_extra_keys",
-                   "to_event_extra_keys")
+                   "to_event_extra_keys", "generate_lookahead_block_hash_extra_keys")
 _loaded: dict[str, types.ModuleType] = {}
 
 

@@ -3,8 +3,10 @@ covers the ``L`` tokens after it, so a block is keyed, and findable, only once t
 known (docs/lookahead.md; the reference: tests/lookahead_model.py).
 
 ``LookaheadKVCacheManager`` is ``KVCacheManager`` with block ``j``'s extra-key bytes
-followed by ``b"A" || L:u32 || tokens[(j+1)*bs:(j+1)*bs+L]`` (uint32 each). Its content
-is then the request's prefix ``[0, (j+1)*bs + L)`` with its extra keys, a pure function
+followed by the multimodal inputs that start in the ``L`` tokens after it, then
+``b"A" || L:u32 || tokens[(j+1)*bs:(j+1)*bs+L]`` (uint32 each;
+``hashing.lookahead_bytes``). Its content is then the request's prefix
+``[0, (j+1)*bs + L)`` with the extra keys over it (vLLM's), a pure function
 of the request's tokens, and its chain hash covers the same. The per-block bytes travel
 in ``RequestKeys.mm`` (``LookaheadKeys``), which every index path already reads per
 block, so the plain manager's paths are not touched. Block ``j`` has its lookahead
@@ -19,6 +21,10 @@ Since no block is keyed without its lookahead bytes, a walk with the base bytes 
 request's known blocks finds nothing: a hit of ``k`` blocks needs the reader's first
 ``k*bs + L`` tokens to equal those of the request that computed them.
 
+Events (``enable_events``): each ``BlockStored`` is a ``LookaheadBlockStored`` that
+carries its blocks' lookahead tokens, so that a consumer rebuilds the hashes
+(``core/lookahead_events.py``; ``hashing.block_hashes(..., hash_lookahead_tokens=L)``).
+
 Not offered with lookahead (ConfigError at construction): a host tier, a shared store
 (their keys and fetches are the plain chain's), a ``hash_mode`` callable with events on
 (prepared prompts' hashes would be taken before the lookahead is known).
@@ -26,23 +32,23 @@ Not offered with lookahead (ConfigError at construction): a host tier, a shared 
 
 from __future__ import annotations
 
-import struct
 from array import array
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, PromptError, RequestError
+from ..event_log import EventLog
 from ..extra_keys import ExtraKeys
+from ..hashing import lookahead_bytes
+from ..index import ContentIndex
 from ..results import DecodeStep
+from .lookahead_events import LookaheadEventLog
 from .manager import KVCacheManager
 from .probe import BlockProbe
 from .prompt import Prompt, encode_prompt
 from .request import Request, RequestKeys
 
 __all__ = ["LookaheadKVCacheManager", "LookaheadKeys", "lookahead_keys"]
-
-_TAG = b"A"
-
 
 class LookaheadKeys(RequestKeys):
     """``RequestKeys`` whose ``mm[j]`` is block ``j``'s own bytes (``own``'s) followed by
@@ -64,10 +70,8 @@ def lookahead_keys(own: RequestKeys, tokens: array[int], block_size: int, lookah
     mm: list[bytes] = list(known.mm) if known is not None else []  # type: ignore[arg-type]
     first = len(mm)
     if n > first:
-        head = _TAG + struct.pack("<I", lookahead)
         for j, extra in enumerate(own.of_blocks(first, n), first):
-            end = (j + 1) * block_size
-            mm.append(extra + head + tokens[end:end + lookahead].tobytes())
+            mm.append(extra + lookahead_bytes(own.extra, tokens, (j + 1) * block_size, lookahead))
     keys = LookaheadKeys.__new__(LookaheadKeys)
     keys.extra, keys.base, keys.mm = own.extra, own.base, mm
     keys.own, keys.lookahead = own, lookahead
@@ -97,6 +101,10 @@ class LookaheadKVCacheManager(KVCacheManager):
                               "with a hash_mode callable and events on")
         super().__init__(num_blocks, block_size, **options)
         self.hash_lookahead_tokens = hash_lookahead_tokens
+        if isinstance(self._events, EventLog) and isinstance(self._index, ContentIndex):
+            assert self._index.lazy, "lookahead keys announce their stores when the log is taken"
+            self._events = self._index._sink = LookaheadEventLog(self._events.max_events,
+                                                                 hash_lookahead_tokens)
 
     def prepare(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
         """``KVCacheManager.prepare`` with the lookahead keys of the prompt's blocks."""

@@ -25,6 +25,11 @@ the LoRA name, ``(identifier, offset in the block)`` per multimodal input overla
 the block, the cache salt on a request's first block only, and a block's
 prompt-embeddings digest, bare (``vllm_extra_keys``; the events carry each run's position
 in its request, so the offsets are always known).
+
+Lookahead keys (a ``LookaheadKVCacheManager``'s events, vLLM's lookahead hashing): a
+``BlockStored`` also sends ``lookahead_token_ids`` (per block, the ``L`` tokens after it,
+which its hash covers), and each ``extra_keys`` entry covers the block and those tokens,
+as vLLM 0.33's do.
 """
 
 from __future__ import annotations
@@ -128,14 +133,22 @@ def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
     return (getattr(x, "lora_id", None), x.lora) if x is not None else (None, None)
 
 
-def _extra_keys(ev: BlockStored) -> list[tuple[Any, ...] | None]:
-    """The ``extra_keys`` entries of every block of ``ev``."""
+def _extra_keys(ev: BlockStored, lookahead: int = 0) -> list[tuple[Any, ...] | None]:
+    """The ``extra_keys`` entries of every block of ``ev`` (each over the block and the
+    ``lookahead`` tokens after it, as vLLM's under lookahead hashing)."""
     x = ev.extra
     if x is None:
         return [None] * len(ev.block_hashes)
     bs = ev.block_size
-    return [vllm_extra_keys(x, j * bs, bs)
+    width = bs + lookahead
+    return [vllm_extra_keys(x, j * bs, width)
             for j in range(ev.first_block, ev.first_block + len(ev.block_hashes))]
+
+
+def lookahead_of(ev: BlockStored) -> int:
+    """The tokens after each block that ``ev``'s hashes cover: a lookahead manager's
+    ``LookaheadBlockStored`` (``core.lookahead_events``), else 0."""
+    return 0 if ev.__class__ is BlockStored else getattr(ev, "lookahead", 0)
 
 
 def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]:
@@ -145,11 +158,12 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
     hashes: list[int | bytes] = []
     tokens: list[int] = []
     extra_keys: list[tuple[Any, ...] | None] = []
+    lookahead = 0 if first.__class__ is BlockStored else getattr(first, "lookahead", 0)  # (lookahead_of)
     for ev in run:
         hashes += [wire_hash(h, fmt) for h in ev.block_hashes]
         tokens += ev.token_ids
-        extra_keys += _extra_keys(ev)
-    return {
+        extra_keys += _extra_keys(ev, lookahead)
+    out = {
         "type": "BlockStored",
         "block_hashes": hashes,
         "parent_block_hash": None if parent is None else wire_hash(parent, fmt),
@@ -161,6 +175,9 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
         "extra_keys": extra_keys,
         **group_fields(group_of(first)),
     }
+    if lookahead:  # (vLLM's last field: per block, the tokens after it its hash covers)
+        out["lookahead_token_ids"] = [ids for ev in run for ids in ev.lookahead_token_ids]  # type: ignore[attr-defined]
+    return out
 
 
 def _continues(run: list[Any], ev: Any) -> bool:

@@ -13,7 +13,10 @@ chain hashes (bytes; the manager's ``hash_mode``). ``extra_keys`` per block are 
 the LoRA name; each multimodal input overlapping the block as ``(identifier, its offset
 minus the block's first token)``; the cache salt on a request's first block only; a
 block's prompt-embeddings digest, bare (prefixkv hashes the salt into every block of a
-salted request, but announces it as vLLM does).
+salted request, but announces it as vLLM does). Under lookahead hashing (``LookaheadBlockStored``) a
+``BlockStored`` carries ``lookahead_token_ids`` (per block, the ``L`` tokens after it)
+and ``extra_keys`` over the block and those tokens, as vLLM 0.33's ``BlockPool`` fills
+them; None without.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 from prefixkv import events as core
-from prefixkv.fleet.wire import vllm_extra_keys
+from prefixkv.fleet.wire import lookahead_of, vllm_extra_keys
 
 __all__ = ["to_vllm_events"]
 
@@ -43,8 +46,15 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
             lora, lora_id = (extra.lora, extra.lora_id) if extra is not None else (None, None)
             n = len(e.block_hashes)
             bs = e.block_size
-            keys: list[tuple[Any, ...] | None] = [None] * n if extra is None else \
-                [vllm_extra_keys(extra, j * bs, bs) for j in range(e.first_block, e.first_block + n)]
+            la = 0 if e.__class__ is core.BlockStored else lookahead_of(e)
+            keys: list[tuple[Any, ...] | None]
+            if extra is None:
+                keys = [None] * n
+            else:
+                width = bs + la  # (the block and the L tokens after it: vLLM's window)
+                first = e.first_block
+                keys = [vllm_extra_keys(extra, j * bs, width) for j in range(first, first + n)]
+            after = e.lookahead_token_ids if la else None  # type: ignore[attr-defined]
             last = out[-1] if out else None
             if (isinstance(last, BlockStored) and last.group_idx == group
                     and e.parent_block_hash == last.block_hashes[-1]
@@ -53,13 +63,17 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
                 last.token_ids.extend(e.token_ids)
                 assert last.extra_keys is not None
                 last.extra_keys.extend(keys)
+                if after is not None:
+                    assert last.lookahead_token_ids is not None, "one manager, one L"
+                    last.lookahead_token_ids.extend(after)
                 continue
             kind, window = spec_of_group[group]
             out.append(BlockStored(
                 block_hashes=list(e.block_hashes), parent_block_hash=e.parent_block_hash,
                 token_ids=e.token_ids, block_size=bs, lora_id=lora_id,
                 medium=e.medium, lora_name=lora, extra_keys=keys, group_idx=group,
-                kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
+                kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
+                lookahead_token_ids=after))
         elif isinstance(e, core.BlockRemoved):
             medium = e.medium
             out.extend([BlockRemoved(block_hashes=[h], medium=medium, group_idx=group)

@@ -14,10 +14,13 @@ tokens reach the core first (``add_tokens``), so it holds each block's lookahead
 when it keys the block. A hit needs the L tokens after its last block to be the
 reader's own (no EAGLE block drop: vLLM's scheduler passes ``use_eagle=False``).
 
+KV events: each ``BlockStored`` carries ``lookahead_token_ids`` and the extra keys over
+each block and the L tokens after it, as vLLM's (``events.to_vllm_events``); its hashes
+are prefixkv's chain hashes, which cover those tokens (``core.lookahead_events``).
+
 Refused by name (UnsupportedByPrefixKV): beside other groups (``options.check_options``),
-with ``use_eagle``, a hash block other than the block, KV events (``BlockStored`` would
-need vLLM's ``lookahead_token_ids``), ``delay_cache_blocks`` (a connector's loads; vLLM
-keeps the plain hashes beside a connector).
+with ``use_eagle``, a hash block other than the block, ``delay_cache_blocks`` (a
+connector's loads; vLLM keeps the plain hashes beside a connector).
 """
 
 from __future__ import annotations
@@ -46,10 +49,6 @@ class LookaheadKVCacheManager(KVCacheManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
-        if self.enable_kv_cache_events:
-            raise UnsupportedByPrefixKV(f"prefixkv does not offer KV cache events with lookahead "
-                                        f"hashing (num_hash_lookahead_tokens={self.hash_lookahead_tokens}: "
-                                        f"vLLM's BlockStored carries lookahead_token_ids)")
 
     def _known(self, request: Request) -> None:
         """The request's known tokens, to its core request (unscheduled), if live."""
