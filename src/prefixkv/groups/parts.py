@@ -27,7 +27,7 @@ from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
-from .spec import GroupSpec, group_specs
+from .spec import MAMBA, GroupSpec, group_specs
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -93,13 +93,15 @@ def construct(
 
 
 def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
-    """Raises ConfigError for a window's ``retention`` where it is not served: at one
-    block size, beside ``peek`` (vLLM's EAGLE moves the tails a block up) or partial
-    hits, or not a multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``)."""
+    """Raises ConfigError for a window's or Mamba group's ``retention`` where it is not
+    served: at one block size, beside ``peek`` (vLLM's EAGLE moves the tails a block up)
+    or, a window's, partial hits, or not a multiple of ``sizes.align`` (vLLM's
+    ``scheduler_block_size``)."""
     got = [s.retention for s in specs if s.retention is not None]
     if not got:
         return
-    if sizes.one_size or sizes.peek or sizes.partial:
+    if sizes.one_size or sizes.peek or sizes.partial and any(s.kind != MAMBA for s in specs
+                                                             if s.retention is not None):
         raise ConfigError(f"a window's retention is served with groups of different block sizes, "
                           f"without peek and partial hits, got {sizes}")
     if any(r % sizes.align for r in got):
