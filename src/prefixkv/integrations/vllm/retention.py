@@ -14,9 +14,10 @@ interval at construction (``_validate_prefix_cache_retention_interval``):
 
 ``read_retention`` refuses, before anything is built, what vLLM refuses (``ConfigError``,
 a ValueError, with vLLM's words), and applies the interval where prefixkv's groups serve
-vLLM's sparse retention: its windows' ``retention`` (``prefixkv.groups.sliding_window``),
-with groups of different block sizes, full attention among them, no Mamba group and no
-EAGLE. Elsewhere its groups cache densely (vLLM's ``None``): it refuses a positive
+vLLM's sparse retention: its windows' and Mamba groups' ``retention``
+(``prefixkv.groups.sliding_window``, ``prefixkv.groups.mamba``; Mamba's chunk-end
+checkpoints follow it: checkpoints.py), with groups of different block sizes, full
+attention among them and no EAGLE. Elsewhere its groups cache densely (vLLM's ``None``): it refuses a positive
 interval beside a window or Mamba group there (``UnsupportedByPrefixKV``), and takes 0,
 vLLM's ``CacheConfig`` default, which every engine passes: prefixkv then caches more
 blocks than vLLM, each holding the KV vLLM would find (docs/integration.md,
@@ -30,8 +31,8 @@ from dataclasses import replace
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 
 from prefixkv.errors import ConfigError
-from prefixkv.groups import sliding_window
-from prefixkv.groups.spec import FULL, SLIDING
+from prefixkv.groups import mamba, sliding_window
+from prefixkv.groups.spec import FULL, MAMBA, SLIDING
 
 from .layout import Layout, UnsupportedByPrefixKV
 
@@ -63,14 +64,14 @@ def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_blo
         raise ConfigError(f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
                           f"multiple of scheduler_block_size ({scheduler_block_size})")
     kinds = {g.kind for g in layout.groups}
-    if not layout.sizes.one_size and not use_eagle and FULL in kinds and kinds <= {FULL, SLIDING}:
+    if not layout.sizes.one_size and not use_eagle and FULL in kinds and kinds <= {FULL, SLIDING, MAMBA}:
         return interval, replace(layout, groups=tuple(
-            sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else g
-            for g in layout.groups))
+            sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else
+            mamba(retention=interval) if g.kind == MAMBA else g for g in layout.groups))
     if interval:
         raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
                                     f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
                                     f"it does with groups of different block sizes, full attention "
-                                    f"among them, beside windows only and without EAGLE; 0 and None are "
+                                    f"among them and without EAGLE; 0 and None are "
                                     f"taken (docs/integration.md)")
     return 0, layout
