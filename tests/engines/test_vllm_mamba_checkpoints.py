@@ -196,3 +196,38 @@ def test_under_zero_retention_only_the_prompts_last_chunk_checkpoints():
     pool = pair.v.block_pool
     cached = {b.block_id: b.block_hash_num_tokens for b in pool.blocks if b.block_hash is not None}
     assert cached == {1: 8, 2: 16, 3: 24, 4: 32, 6: 40, 7: 48, 8: 56, 10: 56}
+
+
+@pytest.mark.parametrize("step", [16, 24, 32])
+def test_with_the_schedulers_stop_at_the_junction_no_checkpoint_lands_on_it(step):
+    # vLLM's own Scheduler._mamba_block_aligned_split, the request's junction set (as its
+    # scheduler sets shared_prefix_boundary from get_computed_blocks), hash blocks of 8:
+    # over every chunk start (a hash boundary), junction past it, chunk size and prompt
+    # here, the chunk it cuts never checkpoints at the junction (vLLM's checkpoint rule,
+    # its own functions): the junction rule of _cache_partial_tail_block is reached by
+    # direct allocate_slots calls only (CheckpointPair's chunks skip the stop)
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        get_mamba_prefill_checkpoint_position,
+        is_mamba_prefill_checkpoint_valid,
+    )
+
+    h = 8
+    sched = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
+        use_eagle_block_drop=False, num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True,
+        mamba_prefill_checkpoint_alignment=h, mamba_shared_prefix_checkpoint=False,
+        max_num_scheduled_tokens=8192, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+    checked = 0
+    for prompt in range(9, 100, 7):
+        for start in range(0, prompt, h):
+            for junction in range(start + h, prompt, h):
+                req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=prompt,
+                                      shared_prefix_boundary=junction)
+                for n in range(1, prompt - start + 1):
+                    end = start + Scheduler._mamba_block_aligned_split(sched, req, n)  # type: ignore[arg-type]
+                    c = get_mamba_prefill_checkpoint_position(end, h, False)
+                    if is_mamba_prefill_checkpoint_valid(start, end, c, h, step, h):
+                        checked += 1
+                        assert c != junction, (prompt, start, junction, n, end)
+    assert checked > 100
