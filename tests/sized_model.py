@@ -45,7 +45,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   shorter (the entries it jumps over null); one ending in the last entry writes there.
   A step starting at ``s`` releases every block below ``(s - 1) // b``, last first
   (vLLM's align-mode ``_remove_blocks_in_range`` skips nulls, never stops at one). Every
-  block is cached (dense retention) once it holds the state at its own end: a step
+  block (dense retention; with ``retention``, those ``_mamba_kept`` names: vLLM's sparse
+  ``MambaManager.reachable_block_mask``) is cached once it holds the state at its own end: a step
   ended exactly there (``Req.exact``; vLLM's scheduler ends align-mode chunks there, so
   vLLM caches the same blocks: a block a step ran past holds an older state, which
   prefixkv never caches).
@@ -97,7 +98,9 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   whole while holding a shorter entry loses it first (vLLM's promotion).
 - Chunk-end checkpoints (``checkpoint``, with ``partial``: vLLM's
   ``num_prefill_checkpoint_blocks = 1``, ``prefill_checkpoint_alignment`` the hash
-  block, dense retention, no lookahead, no EAGLE). A step from ``s`` to ``e`` checkpoints
+  block, no lookahead, no EAGLE; with ``retention`` 0 only a step reaching vLLM's
+  ``prefill_end``, ``_prefill_end``, and a checkpoint ending its entry is cached only
+  where ``_mamba_kept`` says). A step from ``s`` to ``e`` checkpoints
   at ``c = (e - 1) // h * h`` (vLLM's ``get_mamba_prefill_checkpoint_position``) when
   ``s`` is a multiple of ``h``, ``s + h <= c``, and the entry ``j = cdiv(e, b) - 2``
   lies past the one holding the step's initial state (``(s - 1) // b``) and is empty
@@ -392,7 +395,8 @@ class SizedModel:
         for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
             skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
             fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
-            ck = w == "mamba" and self._checkpoint(b, h, end, end + num_new) is not None
+            ck = w == "mamba" and self._checkpoint(b, h, end, end + num_new,
+                                                   self._prefill_end(len(tokens), len(tokens))) is not None
             need += (min(fresh, 1) + ck if w == "mamba" else fresh) + bool(self.partial and h and end % b)
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
@@ -420,7 +424,8 @@ class SizedModel:
         going = self._releasing(r)
         releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
         end = r.computed + num_new
-        need = len(r.cow) + sum(min(fresh, 1) + (self._checkpoint(b, ids, r.computed, end) is not None)
+        pe = self._prefill_end(r.prompt, len(r.tokens) + len(tokens))
+        need = len(r.cow) + sum(min(fresh, 1) + (self._checkpoint(b, ids, r.computed, end, pe) is not None)
                                 if w == "mamba" else fresh
                                 for (b, w), ids in zip(self.groups, r.tables, strict=True)
                                 if (fresh := max(cdiv(end, b) - len(ids), 0)))
@@ -446,7 +451,7 @@ class SizedModel:
                     self._copy(r, g, new.pop(0))
                 ids += new
                 continue
-            ck = self._checkpoint(b, ids, start, r.computed)
+            ck = self._checkpoint(b, ids, start, r.computed, self._prefill_end(r.prompt, len(r.tokens)))
             new = self._take(int(fresh > 0) + (ck is not None) + (g in r.cow))
             if g in r.cow:
                 self._copy(r, g, new.pop(0))
@@ -466,12 +471,13 @@ class SizedModel:
             self._cut(r, first)
         self._cache(r, n, first)
 
-    def _checkpoint(self, b, ids, s, e):
+    def _checkpoint(self, b, ids, s, e, pe=0):
         """The checkpoint ``(position, entry)`` of a step from ``s`` to ``e`` in a Mamba
-        group of ``b`` whose entries are ``ids`` (module docstring), or None."""
+        group of ``b`` whose entries are ``ids`` (module docstring), or None; none for a
+        step ending below ``pe`` (``_prefill_end``)."""
         c, j = (e - 1) // self.h * self.h, cdiv(e, b) - 2
         if not self.checkpoint or s % self.h or s + self.h > c or j <= (s - 1) // b \
-                or (c - s) % self.ck_align:
+                or (c - s) % self.ck_align or e < pe:
             return None
         assert j >= len(ids) or ids[j] == self.null
         return c, j
@@ -634,16 +640,17 @@ class SizedModel:
 
     def _reachable(self, g, j, r):
         """Whether group ``g`` caches block ``j`` of request ``r`` (vLLM's
-        ``reachable_block_mask``): full attention and Mamba every block (Mamba: vLLM's
-        dense retention); a window the ``need`` blocks a hit reads ending at each
-        segment's end (``align`` with ``retention`` None, ``retention`` tokens when
-        positive, none when 0) and, with ``retention`` not None, at each of ``r``'s
-        marks rounded down to ``align``: its prompt's replay boundary (``prompt - 1``)
-        and its shared-prefix junction (vLLM's ``replay_boundaries`` without EAGLE,
-        ``shared_prefix_boundary``)."""
+        ``reachable_block_mask``): full attention every block, Mamba ``_mamba_kept``'s;
+        a window the ``need`` blocks a hit reads ending at each segment's end (``align``
+        with ``retention`` None, ``retention`` tokens when positive, none when 0) and,
+        with ``retention`` not None, at each of ``r``'s marks rounded down to
+        ``align``: its prompt's replay boundary (``prompt - 1``) and its shared-prefix
+        junction (vLLM's ``replay_boundaries`` without EAGLE, ``shared_prefix_boundary``)."""
         b, w = self.groups[g]
-        if w is None or w == "mamba":
+        if w is None:
             return True
+        if w == "mamba":
+            return self._mamba_kept(b, j, r)
         peek = self.peek is not None and self.peek[g]
         need = cdiv(w - 1, b) + peek
         seg = self.align if self.retention is None else self.retention
@@ -657,6 +664,28 @@ class SizedModel:
         marks = [r.prompt - 1] + ([r.junction] if r.junction else [])
         return any(t // self.align * self.align // b - need <= j < t // self.align * self.align // b
                    for t in marks)
+
+    def _mamba_kept(self, b, j, r):
+        """Whether a Mamba group of blocks of ``b`` caches block ``j`` of request ``r``
+        (vLLM's ``MambaManager.reachable_block_mask``): every block with ``retention``
+        None, or a positive one of at most ``b`` tokens; else those ending a
+        ``retention``-token segment (none for 0) and the one ending at or below each of
+        ``r``'s marks rounded down to the hit unit (``h`` with partial hits, else
+        ``align``): the prompt's replay boundary (``prompt - 1``) and its junction."""
+        seg = self.retention
+        if seg is None or seg and seg // b <= 1:
+            return True
+        if seg and (j + 1) % (seg // b) == 0:
+            return True
+        u = self.h if self.partial else self.align
+        return any(t // u * u // b - 1 == j for t in [r.prompt - 1] + ([r.junction] if r.junction else []))
+
+    def _prefill_end(self, prompt, num_tokens):
+        """vLLM's ``prefill_end`` for a step of a request whose prompt has ``prompt``
+        tokens, ``num_tokens`` in all: with ``retention`` 0 (vLLM's coordinator passes it
+        then only), ``max(prompt, num_tokens - 1)``, the end a step must reach to take a
+        checkpoint block; else 0 (every step may)."""
+        return max(prompt, num_tokens - 1) if self.retention == 0 else 0
 
     def junction(self, tokens, extra, hit):
         """vLLM's ``shared_prefix_boundary`` for a lookup of ``tokens`` whose hit is

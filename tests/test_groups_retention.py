@@ -48,7 +48,8 @@ def test_a_junction_keeps_its_tail_too():
     dict(kind="sliding_window", tokens=8, retention=1.0),
     dict(kind="sliding_window", tokens=8, cached=False, retention=0),
     dict(kind="full_attention", retention=0),
-    dict(kind="mamba", retention=32),
+    dict(kind="mamba", retention=-32),  # (a Mamba group takes one: its sparse states)
+    dict(kind="chunked_local_attention", tokens=8, retention=0),
 ])
 def test_a_retention_but_a_cached_windows_int_at_least_0_is_a_config_error(spec):
     with pytest.raises(ConfigError, match="retention="):

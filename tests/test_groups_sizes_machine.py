@@ -47,7 +47,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     partial = False  # (vLLM's fine-grained partial hits)
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
     checkpoint_alignment: int | None = None  # (theirs, vLLM's prefill_checkpoint_alignment; None: hash)
-    retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
+    retention: int | None = None  # (every window's and Mamba group's: vLLM's prefix_cache_retention_interval)
     hash_size: int | None = None  # (default: BlockSizes.of's)
 
     @initialize()
@@ -56,7 +56,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
                               partial=self.partial, checkpoints=self.checkpoints,
                               checkpoint_alignment=self.checkpoint_alignment)
         retained = self.retained or (0,) * len(self.groups)
-        specs = [full_attention() if w is None else mamba() if w == "mamba" else
+        specs = [full_attention() if w is None else mamba(retention=self.retention) if w == "mamba" else
                  sliding_window(w, e, retention=self.retention)
                  for (_, w), e in zip(self.groups, retained, strict=True)]
         windows = any(w is not None for _, w in self.groups)

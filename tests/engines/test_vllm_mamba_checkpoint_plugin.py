@@ -51,11 +51,12 @@ def checkpoint_plugin(groups: Any, hash_size: int, num_blocks: int, align: int =
 
 
 class CheckpointSides(Sides):
-    def __init__(self, groups: Any, num_blocks: int, align: int, events: bool = False) -> None:
+    def __init__(self, groups: Any, num_blocks: int, align: int, events: bool = False,
+                 retention: int | None = None) -> None:
         super().__init__(groups, num_blocks, partial=True, events=events)
         self.align = align
-        self.ms = [checkpoint_vllm(groups, self.h, num_blocks, align),
-                   checkpoint_plugin(groups, self.h, num_blocks, align, events)]
+        self.ms = [checkpoint_vllm(groups, self.h, num_blocks, align, retention),
+                   checkpoint_plugin(groups, self.h, num_blocks, align, events, retention)]
         take = self.ms[0].take_events
         self.ms[0].take_events = lambda: _net(take())
 
@@ -102,10 +103,28 @@ def test_the_plugin_checkpoints_as_vllms_manager(layout, small, ops, probe, scal
     # (checkpoints aligned to the hash block or to ``scale`` of them; small: a pool a
     # little over one longest request: refusals and evictions; up to the first spare, as
     # test_vllm_mamba_sizes.py)
+    _run(PARTIAL[layout], small, ops, probe, scale, events, None)
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@pytest.mark.parametrize("segments", [0, 2])
+@settings(max_examples=20, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, scale=st.sampled_from([1, 2]),
+       events=st.booleans())
+def test_the_plugin_checkpoints_as_vllms_manager_under_retention(layout, segments, small, ops, probe, scale,
+                                                                 events):
+    # vLLM's prefix_cache_retention_interval: 0 (CacheConfig's default: a prompt's last
+    # chunk checkpoints only, Mamba keeps the states at the marks) or 2 scheduler blocks
     groups = PARTIAL[layout]
+    _run(groups, small, ops, probe, scale, events, segments * reduce(math.lcm, (b for b, _ in groups)))
+
+
+def _run(groups: Any, small: bool, ops: Any, probe: list[int], scale: int, events: bool,
+         retention: int | None) -> None:
     h = reduce(math.gcd, (b for b, _ in groups))
     sides = CheckpointSides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 4 if small else 400,
-                            scale * h, events)
+                            scale * h, events, retention)
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)
@@ -118,9 +137,6 @@ def test_the_plugin_checkpoints_as_vllms_manager(layout, small, ops, probe, scal
 def test_checkpoint_blocks_are_refused_where_not_served():
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
-    # beside a retention interval (vLLM then checkpoints a prompt's last chunk only)
-    with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_checkpoint_blocks.*retention"):
-        checkpoint_plugin(((8, None), (16, "mamba")), 8, 40, retention=0)
     # without vLLM's partial hits (a Mamba block of the hash block's size)
     with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_checkpoint_blocks.*partial hits"):
         checkpoint_plugin(((8, None), (8, "mamba")), 8, 40)
@@ -175,6 +191,22 @@ def test_a_new_requests_block_count_is_vllms(start, end):
     assert got[0] == got[1]
 
 
+@pytest.mark.parametrize("retention", [None, 0, 32])
+@pytest.mark.parametrize("start,end", [(0, 30), (0, 40), (16, 50)])
+def test_a_new_requests_block_count_beside_retention_is_vllms(retention, start, end):
+    # (as above, vLLM's prefill_end 48 passed: under retention 0 a step ending below it
+    # takes no checkpoint block; else vLLM's coordinator drops it)
+    groups = ((8, None), (16, "mamba"))
+    got = []
+    for m in (checkpoint_vllm(groups, 8, 40, retention=retention),
+              checkpoint_plugin(groups, 8, 40, retention=retention)):
+        got.append(m.coordinator.get_num_blocks_to_allocate(
+            request_id="x", num_tokens=end, new_computed_blocks=([], []), num_encoder_tokens=0,
+            total_computed_tokens=start, num_local_computed_tokens=start, num_tokens_main_model=end,
+            prefill_end=48))
+    assert got[0] == got[1]
+
+
 def test_a_checkpoint_at_the_junction_is_found_as_in_vllm():
     # full8+mamba16: a's 80 tokens leave Mamba states at 72 and 80 only; b shares its
     # first 56 tokens: hit 0, junction 56 (full attention's own hit). b's first chunk of
@@ -202,15 +234,58 @@ def test_a_running_requests_checkpoint_block_counts_as_in_vllm(num_blocks):
     # full8+mamba16: a's second chunk, 16 to 46, checkpoints at 40: 4 full-attention
     # blocks and 2 Mamba (its end's and the checkpoint's); 5 free (11 blocks: the null
     # one, pad's 2 and a's first 3 taken) is short on both, 6 is not
+    assert _second_chunk_short(num_blocks, 46, 30, None) == [num_blocks == 11] * 2
+
+
+def _second_chunk_short(num_blocks: int, prompt: int, n: int, retention: int | None) -> list[bool]:
+    """On full8+mamba16 of ``num_blocks`` blocks (vLLM's manager, prefixkv's), a pad of 8
+    tokens, then a prompt of ``prompt``'s first chunk of 16: whether its second, of
+    ``n``, is refused."""
     from .test_vllm_block_sizes_reference import _request
 
     groups = ((8, None), (16, "mamba"))
     got = []
-    for m in (checkpoint_vllm(groups, 8, num_blocks), checkpoint_plugin(groups, 8, num_blocks)):
+    for m in (checkpoint_vllm(groups, 8, num_blocks, retention=retention),
+              checkpoint_plugin(groups, 8, num_blocks, retention=retention)):
         assert m.allocate_slots(_request("pad", list(range(100, 108)), 8), 8) is not None
-        r = _request("a", list(range(46)), 8)
+        r = _request("a", list(range(prompt)), 8)
         assert m.allocate_slots(r, 16) is not None
         r.num_computed_tokens = 16
         m.new_step_starts()
-        got.append(m.allocate_slots(r, 30) is None)
-    assert got == [num_blocks == 11] * 2
+        got.append(m.allocate_slots(r, n) is None)
+    return got
+
+
+@pytest.mark.parametrize("retention", [None, 0])
+def test_a_running_requests_chunk_below_prefill_end_counts_as_in_vllm(retention):
+    # full8+mamba16, 11 blocks: a's second chunk, 16 to 48, of a 60-token prompt would
+    # checkpoint at 40 (dense retention: 4 full-attention blocks and 2 Mamba, one short of
+    # the 5 free); under retention 0 it ends below vLLM's prefill_end (60): no
+    # checkpoint, 5 blocks, it fits
+    assert _second_chunk_short(11, 60, 32, retention) == [retention is None] * 2
+
+
+def test_a_state_sparse_retention_leaves_uncached_defers_no_hit():
+    # full8+mamba16, retention 0: b (90 tokens) computes 16 to 48 in the step c is
+    # admitted in; b's state at 48 is not at its marks (89 -> 88: the block ending at
+    # 64), so vLLM caches and notes none there. c hits a's state at 48 (a's prompt's
+    # checkpoint, cached a step before) and is not deferred
+    from .test_vllm_block_sizes_reference import _request
+
+    groups = ((8, None), (16, "mamba"))
+    stem = list(range(1, 49))
+    got = []
+    for m in (checkpoint_vllm(groups, 8, 60, retention=0), checkpoint_plugin(groups, 8, 60, retention=0)):
+        m.new_step_starts()
+        b = _request("b", stem + [7] * 42, 8)
+        assert m.allocate_slots(b, 16) is not None
+        b.num_computed_tokens = 16
+        m.new_step_starts()
+        a = _request("a", stem + [5], 8)
+        assert m.allocate_slots(a, 49) is not None
+        m.new_step_starts()
+        assert m.allocate_slots(b, 32) is not None
+        c = _request("c", stem + [9] * 5, 8)
+        blocks, hit, _ = m.get_computed_blocks(c)
+        got.append((hit, m.allocate_slots(c, 5, hit, blocks) is None))
+    assert got == [(48, False)] * 2

@@ -27,14 +27,16 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from .test_vllm_block_sizes_reference import _request, _spec  # noqa: E402
+from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS, _request, _spec  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import OP, PARTIAL, PROMPT, Pair, _drive, _pool  # noqa: E402
 
 
-def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int, align: int = 0) -> Any:
+def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int, align: int = 0,
+                    retention: int | None = None) -> Any:
     """vLLM's manager over ``groups``, every Mamba group with one checkpoint block
-    aligned to ``align`` tokens (default: the hash block)."""
+    aligned to ``align`` tokens (default: the hash block), its
+    ``prefix_cache_retention_interval`` ``retention``."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -44,7 +46,8 @@ def checkpoint_vllm(groups: Any, hash_size: int, num_blocks: int, align: int = 0
                      prefill_checkpoint_alignment=align or hash_size)
              if w == "mamba" else _spec(b, w) for b, w in groups]
     lcm = reduce(math.lcm, (b for b, _ in groups))
-    return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=lcm,
+    return KVCacheManager(config(*specs, num_blocks=num_blocks, prefix_cache_retention_interval=retention),
+                          max_model_len=256, scheduler_block_size=lcm,
                           hash_block_size=hash_size, enable_kv_cache_events=True)
 
 
@@ -72,14 +75,14 @@ class CheckpointPair(Pair):
     vLLM's scheduler sets it), checked equal to the reference's. The chunks are the
     scheduler's cut without its stop at the junction, so that checkpoints land on it
     too (vLLM's unit tests reach its manager's rule there by calling ``allocate_slots``
-    directly)."""
+    directly). ``retention``: vLLM's ``prefix_cache_retention_interval`` on both."""
 
-    def __init__(self, groups: Any, num_blocks: int, align: int = 0) -> None:
+    def __init__(self, groups: Any, num_blocks: int, align: int = 0, retention: int | None = None) -> None:
         super().__init__(groups, num_blocks, partial=True)
-        self.align = align
-        self.v = checkpoint_vllm(groups, self.h, num_blocks, align)
+        self.align, self.retention = align, retention
+        self.v = checkpoint_vllm(groups, self.h, num_blocks, align, retention)
         self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True, checkpoint=True,
-                                ck_align=align)
+                                ck_align=align, retention=retention)
 
     def _chunk(self, start: int, n: int, total: int, prompt: int = 0) -> int:
         """vLLM's scheduler's chunk, but one starting inside a Mamba block ends at its end:
@@ -102,6 +105,36 @@ def test_the_reference_checkpoints_as_vllms_manager(layout, extra, ops, probe, s
     pair = CheckpointPair(groups, _pool(groups, extra), 0 if scale == 1 else scale * reduce(math.gcd, (
         b for b, _ in groups)))
     _drive(pair, ops, probe)
+
+
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@pytest.mark.parametrize("segments", [0, 2, 3])
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT,
+       scale=st.sampled_from([1, 2]))
+def test_the_reference_checkpoints_as_vllms_manager_under_retention(layout, segments, extra, ops, probe,
+                                                                     scale):
+    # vLLM's prefix_cache_retention_interval beside checkpoints: 0 (its CacheConfig's
+    # default: a prompt's last chunk checkpoints only, Mamba keeps the states at the
+    # request's marks) and ``segments`` scheduler blocks (one state per segment too)
+    groups = PARTIAL[layout]
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    pair = CheckpointPair(groups, _pool(groups, extra), 0 if scale == 1 else scale * reduce(math.gcd, (
+        b for b, _ in groups)), retention=segments * lcm)
+    _drive(pair, ops, probe)
+
+
+@pytest.mark.parametrize("layout", list(MAMBA_LAYOUTS))
+@pytest.mark.parametrize("segments", [0, 2])
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_retains_mamba_states_as_vllms_manager(layout, segments, extra, ops, probe):
+    # Mamba's sparse retention without partial hits nor checkpoints (a window's too,
+    # beside it): its states at the request's marks, rounded down to the lcm, and one
+    # per ``segments`` lcm blocks
+    groups = MAMBA_LAYOUTS[layout]
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    _drive(Pair(groups, _pool(groups, extra), retention=segments * lcm), ops, probe)
 
 
 def test_a_chunk_past_a_block_end_caches_it_on_vllm_only():
@@ -141,3 +174,60 @@ def test_an_intermediate_chunk_checkpoint_is_never_cached():
     pool = pair.v.block_pool
     cached = {b.block_id: b.block_hash_num_tokens for b in pool.blocks if b.block_hash is not None}
     assert cached == {1: 8, 2: 16, 3: 24, 4: 32, 6: 32}
+
+
+def test_under_zero_retention_only_the_prompts_last_chunk_checkpoints():
+    # full8+mamba16 (hash 8), a prompt of 60 cut 40 (at 32) + 28, retention 0: the first
+    # chunk would checkpoint at 24 (dense retention: block 5 at entry 0); vLLM passes
+    # prefill_end (60) and it takes none; the last chunk checkpoints at 56, the prompt's
+    # last hash boundary (entry 2), cached as that prefix; the state at 32 (entry 1)
+    # stays uncached (not at a mark: 59 -> 56 -> the block ending at 48)
+    pair = CheckpointPair(((8, None), (16, "mamba")), 40, retention=0)
+    a = list(range(60))
+    pair.do("add", a, 40)
+    pair.note_events()
+    pair.compare(a)
+    assert pair.model.reqs["r1"].tables == [[1, 2, 3, 4], [0, 5]] and not pair.model.reqs["r1"].checkpoints
+    pair.do("extend", 0, 28)
+    pair.note_events()
+    pair.compare(a)
+    assert pair.model.reqs["r1"].tables == [[1, 2, 3, 4, 6, 7, 8, 9], [0, 5, 10, 11]]
+    assert pair.model.reqs["r1"].checkpoints == {1: (56, 2)}
+    pool = pair.v.block_pool
+    cached = {b.block_id: b.block_hash_num_tokens for b in pool.blocks if b.block_hash is not None}
+    assert cached == {1: 8, 2: 16, 3: 24, 4: 32, 6: 40, 7: 48, 8: 56, 10: 56}
+
+
+@pytest.mark.parametrize("step", [16, 24, 32])
+def test_with_the_schedulers_stop_at_the_junction_no_checkpoint_lands_on_it(step):
+    # vLLM's own Scheduler._mamba_block_aligned_split, the request's junction set (as its
+    # scheduler sets shared_prefix_boundary from get_computed_blocks), hash blocks of 8:
+    # over every chunk start (a hash boundary), junction past it, chunk size and prompt
+    # here, the chunk it cuts never checkpoints at the junction (vLLM's checkpoint rule,
+    # its own functions): the junction rule of _cache_partial_tail_block is reached by
+    # direct allocate_slots calls only (CheckpointPair's chunks skip the stop)
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        get_mamba_prefill_checkpoint_position,
+        is_mamba_prefill_checkpoint_valid,
+    )
+
+    h = 8
+    sched = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
+        use_eagle_block_drop=False, num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True,
+        mamba_prefill_checkpoint_alignment=h, mamba_shared_prefix_checkpoint=False,
+        max_num_scheduled_tokens=8192, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+    checked = 0
+    for prompt in range(9, 100, 7):
+        for start in range(0, prompt, h):
+            for junction in range(start + h, prompt, h):
+                req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=prompt,
+                                      shared_prefix_boundary=junction)
+                for n in range(1, prompt - start + 1):
+                    end = start + Scheduler._mamba_block_aligned_split(sched, req, n)  # type: ignore[arg-type]
+                    c = get_mamba_prefill_checkpoint_position(end, h, False)
+                    if is_mamba_prefill_checkpoint_valid(start, end, c, h, step, h):
+                        checked += 1
+                        assert c != junction, (prompt, start, junction, n, end)
+    assert checked > 100

@@ -1,6 +1,8 @@
 """vLLM's chunk-end checkpoint blocks in the sized manager (``BlockSizes.checkpoints``,
 with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
-group, with dense retention and no lookahead.
+group, no lookahead; beside the Mamba groups' ``retention`` (vLLM's sparse retention)
+only a step reaching ``prefill_end`` checkpoints when it is 0, and a checkpoint ending
+its entry is recorded only where ``BlockSizes.caches`` says.
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
@@ -38,47 +40,57 @@ if TYPE_CHECKING:
     Steps = dict[Hashable, tuple[int, list[tuple[int, int, int]]]]
 
 
-def position(sizes: BlockSizes, b: int, start: int, end: int) -> tuple[int, int] | None:
+def position(sizes: BlockSizes, b: int, start: int, end: int, last: int = 0) -> tuple[int, int] | None:
     """Where a step from ``start`` to ``end`` checkpoints in a Mamba group of block size
     ``b`` at ``sizes`` (module docstring), its table aside: ``(c, j)``, or None (none,
-    or checkpoints off)."""
+    checkpoints off, or ``end`` below ``last``: ``prefill_end``)."""
     h = sizes.hash_size
     c, j = (end - 1) // h * h, blocks_for(end, b) - 2
     if not sizes.checkpoints or start % h or start + h > c or j <= (start - 1) // b \
-            or (c - start) % sizes.checkpoint_alignment:
+            or (c - start) % sizes.checkpoint_alignment or end < last:
         return None
     return c, j
 
 
+def prefill_end(self: HybridKVCacheManager, req: GroupRequest, num_tokens: int) -> int:
+    """vLLM's ``prefill_end`` for a step of ``req`` once it has ``num_tokens`` tokens: with
+    the Mamba groups' ``retention`` 0 (vLLM's coordinator passes it then only), the end
+    a step must reach to checkpoint, ``max(num_prompt, num_tokens - 1)`` (its prompt's
+    last chunk; a resumed request's replay of its output); else 0 (any step)."""
+    return max(req.num_prompt, num_tokens - 1) if self.groups[self._sparse[0]].retention == 0 else 0
+
+
 def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start: int,
-       end: int) -> tuple[int, int] | None:
+       end: int, last: int = 0) -> tuple[int, int] | None:
     """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
-    whose table is ``table`` (before the step), or None (none, or checkpoints off)."""
-    ck = position(self.sizes, self._group_sizes[g], start, end)
+    whose table is ``table`` (before the step), or None (none, checkpoints off, or
+    ``end`` below ``last``: ``prefill_end``)."""
+    ck = position(self.sizes, self._group_sizes[g], start, end, last)
     if ck is None or ck[1] < len(table) and table[ck[1]] is not None:
         return None
     return ck
 
 
 def count(self: HybridKVCacheManager, tables: Sequence[Sequence[Block | None]], start: int,
-          end: int) -> list[int]:
-    """The Mamba groups whose step from ``start`` to ``end`` (their tables ``tables``)
-    takes a checkpoint block."""
+          end: int, last: int = 0) -> list[int]:
+    """The Mamba groups whose step from ``start`` to ``end`` (their tables ``tables``;
+    ``last``: ``prefill_end``) takes a checkpoint block."""
     if not self.sizes.checkpoints:
         return []
-    return [g for g in self._sparse if at(self, g, tables[g], start, end) is not None]
+    return [g for g in self._sparse if at(self, g, tables[g], start, end, last) is not None]
 
 
 def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
-         tables: Sequence[Sequence[Block | None]]) -> list[tuple[int, int, int]]:
-    """The step from ``start`` to ``end`` (the tables as they were before it), which
-    checkpoints: its checkpoints, noted for ``record`` (a step that does not leaves the
-    note of an earlier one, which ``record`` and ``entries`` know by its end); a
-    checkpoint ending its entry holds the state at its end (``GroupRequest.states``)."""
+         tables: Sequence[Sequence[Block | None]], last: int = 0) -> list[tuple[int, int, int]]:
+    """The step from ``start`` to ``end`` (the tables as they were before it; ``last``:
+    ``prefill_end``), which checkpoints: its checkpoints, noted for ``record`` (a step
+    that does not leaves the note of an earlier one, which ``record`` and ``entries``
+    know by its end); a checkpoint ending its entry holds the state at its end
+    (``GroupRequest.states``)."""
     steps = self._checkpoints
     got = []
     for g in self._sparse:
-        ck = at(self, g, tables[g], start, end)
+        ck = at(self, g, tables[g], start, end, last)
         if ck is not None:
             got.append((g, *ck))
             if ck[0] == (ck[1] + 1) * self._group_sizes[g]:

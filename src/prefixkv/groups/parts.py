@@ -27,7 +27,7 @@ from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
-from .spec import GroupSpec, group_specs
+from .spec import MAMBA, GroupSpec, group_specs
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -95,16 +95,19 @@ def construct(
 
 
 def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
-    """Raises ConfigError for a window's ``retention`` where it is not served: beside
-    ``peek`` (vLLM's EAGLE moves the tails a block up), partial hits or an uncached
-    window, or not a multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``). At
-    one block size too, the sized manager's calls serve it (groups/sized.py)."""
+    """Raises ConfigError for a window's or Mamba group's ``retention`` where it is not
+    served: beside ``peek`` (vLLM's EAGLE moves the tails a block up) or an uncached
+    window; a window's beside partial hits; a Mamba group's at one block size; or not a
+    multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``). A window's at one block
+    size too: the sized manager's calls serve it (groups/sized.py)."""
     got = [s.retention for s in specs if s.retention is not None]
     if not got:
         return
-    if sizes.peek or sizes.partial or not all(s.cached for s in specs):
-        raise ConfigError(f"a window's retention is served without peek, partial hits and uncached "
-                          f"windows, got {sizes}")
+    kinds = {s.kind for s in specs if s.retention is not None}
+    if sizes.peek or not all(s.cached for s in specs) or sizes.partial and kinds - {MAMBA} \
+            or sizes.one_size and MAMBA in kinds:
+        raise ConfigError(f"retention is served without peek and uncached windows, a window's without "
+                          f"partial hits, a Mamba group's with groups of different block sizes, got {sizes}")
     if any(r % sizes.align for r in got):
         raise ConfigError(f"a window's retention must be a multiple of align {sizes.align}, got {got}")
 

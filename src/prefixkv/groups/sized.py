@@ -204,7 +204,9 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     marks: Sequence[int] = ()
     if self._sparse:
         holes = _holes(self, req, total)
-        marks = checkpoints.count(self, req.tables, start, total) if self.sizes.checkpoints else ()
+        if self.sizes.checkpoints:
+            last = checkpoints.prefill_end(self, req, n + len(new_tokens or ()))
+            marks = checkpoints.count(self, req.tables, start, total, last)
         if _fresh(self, more) + len(holes) + len(cows) + len(marks) > self._pool.num_free + freed:
             return None
     elif sum(more) > self._pool.num_free + freed:
@@ -220,7 +222,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         raise
     self._release(req, going)
     if marks:
-        checkpoints.note(self, req, start, total, req.tables)
+        checkpoints.note(self, req, start, total, req.tables, last)
     added = _take(self, req, more, holes, total, cows, marks)
     if self._sparse:
         sized_admission._mark(self, req, total)
@@ -267,8 +269,8 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     block size."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    marks = checkpoints.count(self, req.tables, req.num_scheduled, num_slots) \
-        if self.sizes.checkpoints else ()
+    marks = () if not self.sizes.checkpoints else checkpoints.count(
+        self, req.tables, req.num_scheduled, num_slots, checkpoints.prefill_end(self, req, len(req.tokens)))
     return max(0, _fresh(self, _more(self, req, num_slots)) + len(_cows(self, req)) + len(marks)
                - self._going(req, req.num_scheduled)[1])
 

@@ -165,13 +165,14 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     marks: Sequence[int] = ()
     if self.sizes.checkpoints:
         rows = [[None] * c + found for c, found in zip(cuts, hits, strict=True)]
-        marks = checkpoints.count(self, rows, num_cached, total)
+        last = checkpoints.prefill_end(self, req, n)
+        marks = checkpoints.count(self, rows, num_cached, total, last)
         for g in marks:
             taken[g] += 1  # (before the block where the step ends: the checkpoint)
     held = [b for found in hits for b in found]
     fit = 0
     if require_full_fit:  # (a Mamba group: its block, and a checkpoint where the prompt's would take one)
-        whole = checkpoints.count(self, rows, num_cached, n) if self.sizes.checkpoints else []
+        whole = checkpoints.count(self, rows, num_cached, n, last) if self.sizes.checkpoints else []
         fit = len(cows) + sum(min(x, 1 + (g in whole)) if s.sparse else x for g, (s, x) in enumerate(zip(
             self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True)))
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
@@ -202,7 +203,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)
     if marks:
-        checkpoints.note(self, req, num_cached, total, rows)
+        checkpoints.note(self, req, num_cached, total, rows, last)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
 

@@ -127,7 +127,8 @@ class BlockSizes:
         each boundary too (``cdiv(W - 1, b) + 1`` blocks ending there; every block
         when those runs cover an aligned span, block 0 included, as vLLM's mask).
         A Mamba group caches every block (vLLM's dense retention: the manager records
-        only those holding the state at their end). A window with a ``retention``
+        only those holding the state at their end); with a ``retention``, those
+        ``_keeps_state`` names. A window with a ``retention``
         (vLLM's sparse retention, never with ``peek``) caches the blocks a hit reads at
         each multiple of ``retention`` tokens (none for 0) instead of ``align``'s, and
         at each of the request's ``marks`` rounded down to ``align`` (its prompt's replay
@@ -141,7 +142,7 @@ class BlockSizes:
         if j < 0 or (j + 1) * b > end:
             return False
         if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
-            return True
+            return spec.retention is None or _keeps_state(spec.retention, b, u, j, marks)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
@@ -184,6 +185,19 @@ def _retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int]) 
     if seg and spec.first_needed(blocks_for((j + 1) * b, seg) * seg) // b <= j:  # (the segment's end)
         return True
     return any(spec.first_needed(t // align * align) // b <= j < t // align * align // b for t in marks)
+
+
+def _keeps_state(seg: int, b: int, unit: int, j: int, marks: Sequence[int]) -> bool:
+    """``BlockSizes.caches`` for block ``j`` (a whole one) of a Mamba group of blocks of
+    ``b`` with a retention of ``seg`` tokens (vLLM's ``MambaManager.reachable_block_mask``):
+    every block when ``seg`` is positive and at most ``b``; else the block ending each
+    ``seg``-token segment (none for 0) and the one ending at or below each of ``marks``
+    rounded down to ``unit`` (``BlockSizes.unit``)."""
+    if seg:
+        per = seg // b
+        if per <= 1 or (j + 1) % per == 0:
+            return True
+    return any(t // unit * unit // b - 1 == j for t in marks)
 
 
 def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:

@@ -68,11 +68,13 @@ class GroupSpec:
     groups"). ``retention``: None (every block a hit can read is cached), or a sliding
     window's sparse caching (vLLM's ``prefix_cache_retention_interval``): the blocks a
     hit reads at each multiple of ``retention`` tokens (none for 0) and at a request's
-    marks (``BlockSizes.caches``; served with groups of different block sizes).
+    marks (``BlockSizes.caches``; served with groups of different block sizes); a Mamba
+    group's: the states at each multiple of ``retention`` tokens (none for 0) and at a
+    request's marks (vLLM's ``MambaManager.reachable_block_mask``).
     Raises ConfigError for an unknown kind, a size that does not fit the kind, a
     ``retained`` that is not an int >= 0 (0 unless sliding), a ``cached`` that is not
     a bool (True unless sliding), or a ``retention`` that is not None nor an int >= 0
-    (None unless a cached sliding window)."""
+    (None unless a cached sliding window or Mamba)."""
 
     kind: str
     tokens: int = 0
@@ -95,8 +97,9 @@ class GroupSpec:
             want = "a bool" if self.kind == SLIDING else "True (only sliding windows go uncached)"
             raise ConfigError(f"a {self.kind} group takes cached={want}, got {self.cached!r}")
         r = self.retention
-        if r is not None and (type(r) is not int or r < 0 or self.kind != SLIDING or not self.cached):
-            want = "None or an int >= 0" if self.kind == SLIDING and self.cached else "None"
+        keeps = self.kind == MAMBA or self.kind == SLIDING and self.cached  # (those vLLM's retention reaches)
+        if r is not None and (type(r) is not int or r < 0 or not keeps):
+            want = "None or an int >= 0" if keeps else "None"
             raise ConfigError(f"a {'cached ' * self.cached}{self.kind} group takes retention={want}, "
                               f"got {r!r}"[:200])
 
@@ -194,10 +197,12 @@ def chunked_local(chunk: int) -> GroupSpec:
     return GroupSpec(CHUNKED, chunk)
 
 
-def mamba() -> GroupSpec:
+def mamba(*, retention: int | None = None) -> GroupSpec:
     """A group of Mamba (state-space) layers whose states are cached at block
-    boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring."""
-    return GroupSpec(MAMBA)
+    boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring.
+    ``retention``: its sparse caching (``GroupSpec``). Raises ConfigError unless
+    retention is None or an int >= 0."""
+    return GroupSpec(MAMBA, retention=retention)
 
 
 def group_specs(groups: Sequence[GroupSpec]) -> tuple[GroupSpec, ...]:

@@ -6,9 +6,10 @@ in the step, ``mamba.StepCache``).
 
 prefixkv's hybrid manager takes them (``BlockSizes.checkpoints``, groups/checkpoints.py,
 docs/groups.md "Chunk-end checkpoints") beside vLLM's fine-grained partial hits, with
-dense retention (vLLM's ``prefix_cache_retention_interval`` None: under sparse
-retention vLLM checkpoints a prompt's last chunk only) and no EAGLE, lookahead hashing
-nor speculative blocks (refused by ``options.check_options`` and ``layout._mamba_group``).
+any ``prefix_cache_retention_interval`` (retention.py gives it to the Mamba groups: with
+0, vLLM's default, only a step reaching vLLM's ``prefill_end`` checkpoints,
+``prefill_end``) and no EAGLE, lookahead hashing nor speculative blocks (refused by
+``options.check_options`` and ``layout._mamba_group``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prefixkv.groups.checkpoints import position
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["inner", "read_checkpoints", "step_blocks"]
+__all__ = ["inner", "prefill_end", "read_checkpoints", "step_blocks"]
 
 
 def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | None:
@@ -31,8 +32,7 @@ def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | Non
     or None when they take none (no checkpoint blocks, or no alignment: vLLM's
     ``is_mamba_prefill_checkpoint_valid`` is then never true). Raises
     UnsupportedByPrefixKV for checkpoint blocks prefixkv does not serve: without vLLM's
-    fine-grained partial hits (``partial``), beside a retention interval, or not the same
-    in every Mamba group."""
+    fine-grained partial hits (``partial``), or not the same in every Mamba group."""
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if type(g.kv_cache_spec) is MambaSpec]
     got = {(s.num_prefill_checkpoint_blocks > 0, s.prefill_checkpoint_alignment) for s in specs}
     if not any(on for on, _ in got):
@@ -44,44 +44,48 @@ def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | Non
         raise UnsupportedByPrefixKV(f"{what} with vLLM's fine-grained partial hits only (a Mamba "
                                     f"block larger than the hash block beside full attention of the "
                                     f"hash block's size; docs/groups.md)")
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if interval is not None:
-        raise UnsupportedByPrefixKV(f"{what} with dense retention only (prefix_cache_retention_interval "
-                                    f"None; got {interval}: vLLM then checkpoints a prompt's last chunk "
-                                    f"only)")
     alignment: int | None = next(iter(got))[1]
     return alignment
 
 
+def prefill_end(retention_interval: int | None, request: Any) -> int:
+    """vLLM's ``prefill_end`` for a step of ``request`` (a vLLM ``Request``) under
+    ``retention_interval``: with 0, ``max(num_prompt_tokens, num_tokens - 1)``, the end a
+    step must reach to checkpoint (its prompt's last chunk); else 0, as vLLM's
+    coordinator passes it (any step)."""
+    return max(request.num_prompt_tokens, request.num_tokens - 1) if retention_interval == 0 else 0
+
+
 def _taken(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
-           end: int, null: Any) -> list[tuple[int, int, int]]:
+           end: int, null: Any, last: int = 0) -> list[tuple[int, int, int]]:
     """The Mamba groups (``sparse``) a step from ``start`` to ``end`` checkpoints in, with
     each one's position and entry: those whose table (``rows``, before the step, vLLM's block ids
-    or none; ``null`` its null entry) is empty where the checkpoint goes."""
+    or none; ``null`` its null entry) is empty where the checkpoint goes, when ``end`` is
+    not below ``last`` (``prefill_end``)."""
     got = []
     for g, is_sparse in enumerate(sparse):
-        ck = position(sizes, sizes.sizes[g], start, end) if is_sparse else None
+        ck = position(sizes, sizes.sizes[g], start, end, last) if is_sparse else None
         if ck is not None and (ck[1] >= len(rows[g]) or rows[g][ck[1]] == null):
             got.append((g, *ck))
     return got
 
 
 def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
-                end: int, null: Any) -> int:
+                end: int, null: Any, last: int = 0) -> int:
     """How many checkpoint blocks a step from ``start`` to ``end`` takes (``_taken``)."""
-    return len(_taken(sizes, sparse, rows, start, end, null)) if sizes.checkpoints else 0
+    return len(_taken(sizes, sparse, rows, start, end, null, last)) if sizes.checkpoints else 0
 
 
 def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[int]], start: int, end: int,
-          after: tuple[list[int], ...], prompt: int, junction: int) -> int:
+          after: tuple[list[int], ...], prompt: int, junction: int, last: int = 0) -> int:
     """The checkpoints of a step from ``start`` to ``end`` (``_taken``, its tables
     ``before`` and ``after`` it, vLLM's ids, 0 the null block's) of a request whose prompt
     has ``prompt`` tokens and whose junction is ``junction``: each one inside a block is
     set to 0 in ``after`` (vLLM notes no whole block there: it holds the state at the
     checkpoint); the one recorded as an entry (at the prompt's last hash boundary or the
-    junction, the same in every group), or 0."""
+    junction, the same in every group), or 0; ``last``: ``prefill_end``."""
     h, got = sizes.hash_size, 0
-    for g, c, j in _taken(sizes, sparse, before, start, end, 0):
+    for g, c, j in _taken(sizes, sparse, before, start, end, 0, last):
         if c % sizes.sizes[g]:
             after[g][j] = 0
             if c in ((prompt - 1) // h * h, junction):

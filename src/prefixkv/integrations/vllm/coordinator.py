@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
-from .checkpoints import step_blocks
+from .checkpoints import prefill_end, step_blocks
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class CoordinatorView:
         held = len(core.get_block_ids(key))
         return max(0, blocks_for(num_tokens, self.block_size) - held)
 
-    def short_of_blocks(self, key: int, num_tokens: int, keep: int) -> bool:
+    def short_of_blocks(self, key: int, num_tokens: int, keep: int, request: Any = None) -> bool:
         """Whether covering ``num_tokens`` positions of the live request ``key`` would
         leave fewer than ``keep`` blocks free, as vLLM's ``allocate_slots`` decides it:
         the blocks a window releases at the step's start count as free first (vLLM
@@ -111,7 +111,8 @@ class CoordinatorView:
                 need += core.num_pending_copies(key)
                 if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
                     need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                        core.num_scheduled_tokens(key), covered, core.null_block_id)
+                                        core.num_scheduled_tokens(key), covered, core.null_block_id,
+                                        prefill_end(self.retention_interval, request))
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -130,5 +131,6 @@ class CoordinatorView:
         hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
         fresh = [max(0, blocks_for(num_tokens, b) - h) for h, b in zip(hits, self._sizes, strict=False)]
         marks = step_blocks(self._checkpoints, self._sparse, ((),) * len(self._sparse), total_computed_tokens,
-                            num_tokens_main_model, None) if self._checkpoints.checkpoints else 0
+                            num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0) \
+            if self._checkpoints.checkpoints else 0
         return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks

@@ -56,8 +56,8 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     # tables keep their length, and the bound above caps the release at or below the
     # rewound position
     short = m.coordinator.short_of_blocks
-    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
-            or short(key, slots, keep):
+    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep,
+                                         request)) or short(key, slots, keep, request):
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)
         return None

@@ -14,11 +14,12 @@ each entry that moved to a copy in it (the copy is filled by this step's copy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import Request
 
-from prefixkv.groups import BlockSizes
+from prefixkv.groups import BlockSizes, GroupSpec
 
 from . import checkpoints
 from .layout import UnsupportedByPrefixKV
@@ -47,9 +48,13 @@ def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_comput
 class StepCache:
     """The chain hashes each Mamba group cached since the step began (module docstring)."""
 
-    def __init__(self, groups: tuple[int, ...], first: int = 0, sizes: BlockSizes | None = None) -> None:
+    def __init__(self, groups: tuple[int, ...], first: int = 0, sizes: BlockSizes | None = None,
+                 specs: Sequence[GroupSpec] = ()) -> None:
         self.groups = groups
         """The Mamba groups' indices."""
+        self.kept = [specs[g] for g in groups if specs[g].retention is not None] if specs else []
+        """The Mamba groups' specs when they have a ``retention`` (vLLM's sparse retention:
+        ``note`` notes only the blocks they record), else empty."""
         self.sizes = sizes
         """Each group's block size and the hash block's (None: one size, that of the
         blocks ``note`` and ``defers`` are given in, the hash block's too)."""
@@ -72,15 +77,19 @@ class StepCache:
         now (with ``sizes``, ``first`` and ``last`` are tokens; else blocks): note those a
         Mamba group holds (``rows``: its vLLM block ids per group; ``null``: the null
         block's id, an entry the step jumped over) under their keys (the hash at each
-        block's last hash boundary, as vLLM keys them)."""
+        block's last hash boundary, as vLLM keys them); with a retention (``kept``), only
+        those ``BlockSizes.caches`` records (vLLM notes no block its sparse retention
+        leaves uncached)."""
         hashes, sizes = request.block_hashes, self.sizes
-        for g in self.groups:
+        marks = (request.num_prompt_tokens - 1, request.shared_prefix_boundary) if self.kept else ()
+        for k, g in enumerate(self.groups):
             row, lo, hi = rows[g], first, last
             if sizes is not None:
                 lo, hi = first // sizes.sizes[g], last // sizes.sizes[g]
             for j in range(lo, min(hi, len(row))):
                 i = j if sizes is None else sizes.key_index(g, j)
-                if row[j] != null and i < len(hashes):
+                if row[j] != null and i < len(hashes) and (
+                        not marks or sizes is None or sizes.caches(self.kept[k], g, last, j, marks)):
                     self._cached.add((g, hashes[i]))
 
     def note_tail(self, request: Request, num_tokens: int) -> None:
@@ -159,7 +168,8 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
                 sparse = [g in m._mamba.groups for g in range(len(now))]
                 now = tuple(list(ids) for ids in now)
                 c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
-                                      request.shared_prefix_boundary)
+                                      request.shared_prefix_boundary,
+                                      checkpoints.prefill_end(m.retention_interval, request))
                 if c:
                     m._mamba.note_tail(request, c)
             m._mamba.note(request, now, before // h * h, after // h * h, 0)

@@ -14,14 +14,15 @@ interval at construction (``_validate_prefix_cache_retention_interval``):
 
 ``read_retention`` refuses, before anything is built, what vLLM refuses (``ConfigError``,
 a ValueError, with vLLM's words), and applies the interval where prefixkv's groups serve
-vLLM's sparse retention: its windows' ``retention`` (``prefixkv.groups.sliding_window``),
-beside windows only (no Mamba group, no uncached window) and without EAGLE: with groups
+vLLM's sparse retention: its windows' and Mamba groups' ``retention``
+(``prefixkv.groups.sliding_window``, ``prefixkv.groups.mamba``; Mamba's chunk-end
+checkpoints follow it: checkpoints.py), cached groups only, without EAGLE: with groups
 of different block sizes, full attention among them; at one block size (a pure
-sliding-window model too), a positive interval. Elsewhere its groups cache densely
-(vLLM's ``None``): it refuses a positive interval beside a window or Mamba group there
-(``UnsupportedByPrefixKV``), and takes 0, vLLM's ``CacheConfig`` default, which every
-engine passes: prefixkv then caches more blocks than vLLM, each holding the KV vLLM
-would find (docs/integration.md, "prefix_cache_retention_interval").
+sliding-window model too), a positive interval beside windows only. Elsewhere its groups
+cache densely (vLLM's ``None``): it refuses a positive interval beside a window or Mamba
+group there (``UnsupportedByPrefixKV``), and takes 0, vLLM's ``CacheConfig`` default,
+which every engine passes: prefixkv then caches more blocks than vLLM, each holding the
+KV vLLM would find (docs/integration.md, "prefix_cache_retention_interval").
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from dataclasses import replace
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 
 from prefixkv.errors import ConfigError
-from prefixkv.groups import sliding_window
-from prefixkv.groups.spec import FULL, SLIDING
+from prefixkv.groups import mamba, sliding_window
+from prefixkv.groups.spec import FULL, MAMBA, SLIDING
 
 from .layout import Layout, UnsupportedByPrefixKV
 
@@ -65,26 +66,29 @@ def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_blo
                           f"multiple of scheduler_block_size ({scheduler_block_size})")
     if _applies(layout, interval, use_eagle):
         return interval, replace(layout, groups=tuple(
-            sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else g
-            for g in layout.groups))
+            sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else
+            mamba(retention=interval) if g.kind == MAMBA else g for g in layout.groups))
     if interval:
         raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
                                     f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
-                                    f"it does beside windows only (no Mamba group, no uncached window), "
-                                    f"without EAGLE, with groups of different block sizes and full "
-                                    f"attention among them, or at one block size; 0 and None are "
+                                    f"it does with cached groups, without EAGLE: with groups of "
+                                    f"different block sizes, full attention among them, or at one block "
+                                    f"size beside windows only; 0 and None are "
                                     f"taken (docs/integration.md)")
     return 0, layout
 
 
 def _applies(layout: Layout, interval: int, use_eagle: bool) -> bool:
-    """Whether prefixkv applies ``interval`` (an int >= 0) to ``layout``'s windows:
-    beside windows only, cached ones, without EAGLE; with groups of different block
-    sizes, full attention among them; at one block size (the manager then serves the
-    windows with its sized calls: docs/groups.md), a positive interval only (0, the
-    default every engine passes, keeps the one-size manager's calls, dense: the sized
-    ones refuse ``uncache_blocks``, which vLLM's failed loads call)."""
+    """Whether prefixkv applies ``interval`` (an int >= 0) to ``layout``'s windows and
+    Mamba groups: cached groups, without EAGLE; with groups of different block sizes,
+    full attention among them (Mamba too: ckret-r27); at one block size (the manager then
+    serves the windows with its sized calls: docs/groups.md), beside windows only and a
+    positive interval only (0, the default every engine passes, keeps the one-size
+    manager's calls, dense: the sized ones refuse ``uncache_blocks``, which vLLM's failed
+    loads call)."""
     kinds = {g.kind for g in layout.groups}
-    if use_eagle or not kinds <= {FULL, SLIDING} or not all(g.cached for g in layout.groups):
+    if use_eagle or not all(g.cached for g in layout.groups):
         return False
-    return bool(interval) if layout.sizes.one_size else FULL in kinds
+    if layout.sizes.one_size:
+        return bool(interval) and kinds <= {FULL, SLIDING}
+    return FULL in kinds and kinds <= {FULL, SLIDING, MAMBA}
