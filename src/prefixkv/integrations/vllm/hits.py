@@ -90,6 +90,10 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
     g = m.hit_group
     n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
+    if n % m.hash_block_size or m._hit_caps is not None and ids[g]:  # (a hit inside its block)
+        n = m.core.lookup(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
+        if m._hit_caps is not None:  # (admission finds it under the same cap: hit_caps.py)
+            m._hit_caps.note(request, n, max_cache_hit_length)
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n

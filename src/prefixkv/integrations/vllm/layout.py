@@ -215,7 +215,7 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     mamba = {g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec}
     rest = {(type(g.kv_cache_spec) in FULL_SPECS, g.kv_cache_spec.block_size)
             for g in groups if type(g.kv_cache_spec) is not MambaSpec}
-    if len(mamba) != 1 or rest != {(True, hashes)}:
+    if len(mamba) != 1 or len(rest) != 1 or any(not full or b % hashes for full, b in rest):
         raise UnsupportedByPrefixKV(
             f"prefixkv offers vLLM's fine-grained partial hits (a Mamba group of block size "
             f"{max(mamba)} beyond the hash block {hashes}, beside groups that all look up at "

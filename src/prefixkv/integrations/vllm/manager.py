@@ -35,6 +35,7 @@ from . import hits, queries
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
+from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
 from .mamba import StepCache, allocating, check_call, noting
 from .pool import BlockPoolView, Blocks
@@ -127,6 +128,8 @@ class KVCacheManager(StepCalls):
                                        peek=self.eagle_groups, lookahead=lookahead)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
+        fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)
+        self._hit_caps = HitCaps(self.group_sizes[fine[0]]) if fine else None  # (hit_caps.py)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset, self.core.ref_cnt)
         zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (the blocks to zero)
         self._zeroes: Zeroing | None = zeroing if zeroing.active else None
