@@ -17,7 +17,10 @@ keeps its hash while it holds the same content id. A block holding content that 
 noted request names (its request gone) is refused with UnsupportedByPrefixKV, as a hash
 of no live request is: vLLM would answer from its own map.
 
-Served where every group's block is the hash block and none is Mamba. Elsewhere vLLM
+Served where every group's block is the hash block and none is Mamba, and with vLLM's
+fine-grained partial hits (Mamba beside full attention of the hash block or larger):
+there each partial entry is its block's content until the block holds a whole prefix
+(``held_content``; groups/fine.py), as vLLM's primary hash is. Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
 view does not follow: there every block reads None, as before this view
 (docs/integration.md lists it; a refusal there failed vLLM's connectors that ask a
@@ -101,7 +104,9 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     """The ``BlockHashView`` of a manager over ``core`` (prefixkv's manager of ``layout``)."""
     h = layout.sizes.hash_size
     unserved = None
-    if any(b != h for b in layout.sizes.sizes):
+    if layout.sizes.partial:  # (every findable entry is a block's content: groups/fine.py, partial.py)
+        pass
+    elif any(b != h for b in layout.sizes.sizes):
         unserved = ("groups of different block sizes: vLLM keys partial tail entries inside the "
                    "larger blocks, which prefixkv's block objects do not follow")
     elif any(spec.sparse for spec in layout.groups):
