@@ -221,7 +221,8 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
             f"prefixkv offers vLLM's fine-grained partial hits (a Mamba group of block size "
             f"{max(mamba)} beyond the hash block {hashes}, beside groups that all look up at "
             f"the hash block) with Mamba groups of one size beside full-attention groups of one "
-            f"size, a multiple of the hash block, only, got {[type(g.kv_cache_spec).__name__ for g in groups]} of "
+            f"size, a multiple of the hash block, only, got "
+            f"{[type(g.kv_cache_spec).__name__ for g in groups]} of "
             f"{[g.kv_cache_spec.block_size for g in groups]}; docs/groups.md")
     return True
 
