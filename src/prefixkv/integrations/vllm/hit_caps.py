@@ -22,11 +22,16 @@ block (None: vLLM's default, ``num_tokens - 1``), held weakly (it goes with the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
 from .layout import Layout, UnsupportedByPrefixKV
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
 
 __all__ = ["HitCaps", "check_events"]
 
@@ -53,6 +58,18 @@ class HitCaps:
         self.fine_size = fine_size
         """The block size of the full-attention groups larger than the hash block."""
         self._caps: WeakKeyDictionary[Request, tuple[int, int | None]] = WeakKeyDictionary()
+
+    def lookup(self, m: KVCacheManager, request: Request, prompt: Any, extra: Any,
+               cap: int | None) -> tuple[KVCacheBlocks, int]:
+        """``hits.lookup`` here: the hit's blocks per group (rows that may end with a
+        block the hit ends inside) and its tokens, the core's; noted with ``cap``."""
+        ids = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+        blocks = m._blocks.of(ids)
+        n: int = m.core.lookup(prompt, extra=extra, max_hit_tokens=cap) if ids[m.hit_group] else 0
+        self.note(request, n, cap)
+        if n:
+            m._telemetry.on_accessed(blocks)
+        return blocks, n
 
     def note(self, request: Request, hit: int, cap: int | None) -> None:
         """``request``'s lookup found ``hit`` tokens under ``cap`` (None: no cap given)."""

@@ -131,6 +131,7 @@ class KVCacheManager(StepCalls):
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)
         self._hit_caps = HitCaps(self.group_sizes[fine[0]]) if fine else None  # (hit_caps.py)
+        self._odd_hit = self._odd_hit or bool(fine)  # (its lookup: hits.lookup)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset, self.core.ref_cnt)
         zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (the blocks to zero)
         self._zeroes: Zeroing | None = zeroing if zeroing.active else None
