@@ -7,6 +7,7 @@ blocks, up to the first spare (tests/engines/test_vllm_mamba_sizes.py's ``Sides`
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -34,23 +35,31 @@ def same_block_hashes(sides: Sides) -> None:
     assert got[0] == got[1]
 
 
+def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int]) -> None:
+    """``ops`` on both sides (the pool large, or a little over one longest request:
+    refusals and evictions), compared after each, block hashes too where served (not
+    with a hash block ``h`` below full attention's: every block reads None there, as
+    before), up to the first spare."""
+    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
+                  hash_size=h)
+    for op, a, b in ops:
+        sides.do(op, a, b)
+        sides.compare(probe)
+        if h is None:
+            same_block_hashes(sides)
+        if any(sides.ms[1].core._index.twins):
+            return
+
+
 @pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("layout", list(PARTIAL_FULL))
 @settings(max_examples=30, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_tables_hits_and_copies_with_full_attention_larger_than_the_hash_block(
         layout, small, ops, probe):
-    # (small: a pool a little over one longest request, refusals and evictions; KV
-    # events are refused here: test_kv_events_are_refused_by_name)
+    # (KV events are refused here: test_kv_events_are_refused_by_name)
     groups, h = PARTIAL_FULL[layout]
-    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
-                  hash_size=h)
-    for op, a, b in ops:
-        sides.do(op, a, b)
-        sides.compare(probe)
-        same_block_hashes(sides)
-        if any(sides.ms[1].core._index.twins):
-            return
+    _run(groups, small, h, ops, probe)
 
 
 def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
@@ -63,7 +72,6 @@ def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
     for op in [("add", list(range(13)), 8), ("add", STEMS[0][:17], None), ("add", STEMS[0][:17], None)]:
         sides.do(*op)
         sides.compare([7])
-    same_block_hashes(sides)
     assert sides.copies == 1 and [list(g) for g in sides.ms[1].get_block_ids("r3")] == [[6, 7], [2, 0, 8]]
 
 
@@ -74,14 +82,7 @@ def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
 def test_the_plugins_blocks_read_vllms_hashes_beside_mamba_with_partial_hits(layout, small, ops, probe):
     # (full attention of the hash block's size: a Mamba block's partial entry is its hash
     # while the block holds no whole prefix, moved to its copy with the entry)
-    groups = PARTIAL[layout]
-    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True)
-    for op, a, b in ops:
-        sides.do(op, a, b)
-        sides.compare(probe)
-        same_block_hashes(sides)
-        if any(sides.ms[1].core._index.twins):
-            return
+    _run(PARTIAL[layout], small, None, ops, probe)
 
 
 def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_block_is_refused():
