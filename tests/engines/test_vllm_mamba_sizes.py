@@ -54,10 +54,10 @@ def _chunk(step: int, start: int, n: int, total: int) -> int:
 
 class Sides:
     def __init__(self, groups: Any, num_blocks: int = 400, partial: bool = False,
-                 events: bool = False) -> None:
+                 events: bool = False, hash_size: int | None = None) -> None:
         self.partial = partial  # (vLLM's fine-grained partial hits on: chunks cut as its scheduler does)
         sizes = [b for b, _ in groups]
-        self.h, self.lcm = reduce(math.gcd, sizes), reduce(math.lcm, sizes)
+        self.h, self.lcm = hash_size or reduce(math.gcd, sizes), reduce(math.lcm, sizes)
         self.step = reduce(math.lcm, [b for b, w in groups if w == "mamba"])
         self.ms = [_vllm(groups, self.h, self.lcm, num_blocks, events=events),
                    _plugin(groups, self.h, self.lcm, num_blocks, events=events)]

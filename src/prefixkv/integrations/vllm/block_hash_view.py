@@ -17,7 +17,12 @@ keeps its hash while it holds the same content id. A block holding content that 
 noted request names (its request gone) is refused with UnsupportedByPrefixKV, as a hash
 of no live request is: vLLM would answer from its own map.
 
-Served where every group's block is the hash block and none is Mamba. Elsewhere vLLM
+Served where every group's block is the hash block and none is Mamba, and with vLLM's
+fine-grained partial hits beside full attention of the hash block's size (a Mamba
+block's one entry is its content, ``held_content``). Not with full attention larger
+than the hash block: a block holding a whole prefix and a partial entry beside it is
+listed by the probes of both, and the scan may take the entry's hash (found: tests/
+engines/test_vllm_fine_full.py, full4+mamba4). Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
 view does not follow: there every block reads None, as before this view
 (docs/integration.md lists it; a refusal there failed vLLM's connectors that ask a
@@ -101,7 +106,10 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     """The ``BlockHashView`` of a manager over ``core`` (prefixkv's manager of ``layout``)."""
     h = layout.sizes.hash_size
     unserved = None
-    if any(b != h for b in layout.sizes.sizes):
+    fine = any(not spec.sparse and b > h for spec, b in zip(layout.groups, layout.sizes.sizes, strict=True))
+    if layout.sizes.partial and not fine:  # (a Mamba block's one entry is its content: groups/partial.py)
+        pass
+    elif any(b != h for b in layout.sizes.sizes):
         unserved = ("groups of different block sizes: vLLM keys partial tail entries inside the "
                    "larger blocks, which prefixkv's block objects do not follow")
     elif any(spec.sparse for spec in layout.groups):

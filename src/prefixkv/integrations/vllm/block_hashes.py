@@ -278,6 +278,8 @@ def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequ
             probe: Probe = core.block_probe(tokens, extra=extra)
             return probe
     count = None if tails else (lambda: int(core.num_cached_blocks))
-    lookups = HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)
+    # (with partial hits, full attention keeps its partial entries: groups/fine.py)
+    blind = {} if events or layout.sizes.partial else tails
+    lookups = HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, blind)
     lookups.block_view = view_for(lookups, core, layout)
     return lookups

@@ -82,7 +82,9 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, options.eagle_layout)
+    if m._odd_hit:  # (EAGLE's, beside an uncached window, or inside a full-attention block: never two)
+        if m._hit_caps is not None:  # (hit_caps.py)
+            return m._hit_caps.lookup(m, request, prompt, extra, max_cache_hit_length)
         ids = (eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length) if m.use_eagle
                else uncached_hit(m, prompt, extra, max_cache_hit_length))
     else:

@@ -35,6 +35,7 @@ from . import hits, queries
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
+from .hit_caps import HitCaps, check_events
 from .layout import UnsupportedByPrefixKV, build_core
 from .mamba import StepCache, allocating, check_call, noting
 from .pool import BlockPoolView, Blocks
@@ -119,6 +120,7 @@ class KVCacheManager(StepCalls):
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
                                 None if layout.sizes.one_size else layout.sizes, layout.groups)
         events = enable_kv_cache_events or metrics_collector is not None
+        check_events(layout, events)  # (hit_caps.py)
         lookahead = index(num_hash_lookahead_tokens) if enable_caching else 0  # (a bool: vLLM's tests')
         if lookahead and not self._serves_lookahead:  # (lookahead.py's class does)
             raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
@@ -127,6 +129,9 @@ class KVCacheManager(StepCalls):
                                        peek=self.eagle_groups, lookahead=lookahead)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
+        fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)
+        self._hit_caps = HitCaps(self.group_sizes[fine[0]]) if fine else None  # (hit_caps.py)
+        self._odd_hit = self._odd_hit or bool(fine)  # (its lookup: hits.lookup)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset, self.core.ref_cnt)
         zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (the blocks to zero)
         self._zeroes: Zeroing | None = zeroing if zeroing.active else None

@@ -1,0 +1,125 @@
+"""The vLLM plug-in beside vLLM's own manager with fine-grained partial hits and a
+full-attention group larger than the hash block (groups/partial_full.py): after every
+step the same tables, free counts, hits (a hit inside a full-attention block, found by
+its partial entry or whole, copied on write), junctions and copies with their held
+blocks, up to the first spare (tests/engines/test_vllm_mamba_sizes.py's ``Sides``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from . import skip_module_without_vllm
+
+skip_module_without_vllm()
+
+torch = pytest.importorskip("torch")
+
+from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT, STEMS  # noqa: E402
+
+
+def same_block_hashes(sides: Sides) -> None:
+    """Every live request's blocks read the same ``block_hash`` and
+    ``block_hash_num_tokens`` on both sides (the plug-in's, block_hash_view.py: a
+    partial entry is the hash at its boundary while its block holds no whole prefix)."""
+    for r in sides.reqs[1].values():  # (as if built with the plug-in's block hasher)
+        sides.ms[1].prepared_prompts.note(r)
+    got = [{rid: [[(b.block_id, b.block_hash, b.block_hash_num_tokens) for b in g]
+                  for g in m.get_blocks(rid).blocks] for rid in reqs}
+           for m, reqs in zip(sides.ms, sides.reqs, strict=True)]
+    assert got[0] == got[1]
+
+
+def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int]) -> None:
+    """``ops`` on both sides (the pool large, or a little over one longest request:
+    refusals and evictions), compared after each, block hashes too where served (not
+    with a hash block ``h`` below full attention's: every block reads None there, as
+    before), up to the first spare."""
+    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
+                  hash_size=h)
+    for op, a, b in ops:
+        sides.do(op, a, b)
+        sides.compare(probe)
+        if h is None:
+            same_block_hashes(sides)
+        if any(sides.ms[1].core._index.twins):
+            return
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_plugin_gives_vllms_tables_hits_and_copies_with_full_attention_larger_than_the_hash_block(
+        layout, small, ops, probe):
+    # (KV events are refused here: test_kv_events_are_refused_by_name)
+    groups, h = PARTIAL_FULL[layout]
+    _run(groups, small, h, ops, probe)
+
+
+def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
+    # full16+mamba8, hash 4: r1 computes 8 of 13 tokens (Mamba's state at 8), r2 caches
+    # 0..15 whole in one full block; r3's hit is 8 (full attention's block found whole
+    # under the cap 16, Mamba's state at 8), which a cap of 8 does not find again (vLLM's
+    # phase 1 takes no block past the cap): admission looks it up under the lookup's cap
+    groups, h = PARTIAL_FULL["full16+mamba8, hash 4"]
+    sides = Sides(groups, 400, partial=True, hash_size=h)
+    for op in [("add", list(range(13)), 8), ("add", STEMS[0][:17], None), ("add", STEMS[0][:17], None)]:
+        sides.do(*op)
+        sides.compare([7])
+    assert sides.copies == 1 and [list(g) for g in sides.ms[1].get_block_ids("r3")] == [[6, 7], [2, 0, 8]]
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_plugins_blocks_read_vllms_hashes_beside_mamba_with_partial_hits(layout, small, ops, probe):
+    # (full attention of the hash block's size: a Mamba block's partial entry is its hash
+    # while the block holds no whole prefix, moved to its copy with the entry)
+    _run(PARTIAL[layout], small, None, ops, probe)
+
+
+def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_block_is_refused():
+    # full4+mamba4, hash 2 (vLLM's test_hybrid_partial_hit_cow_target_starts_uncached):
+    # r0 caches the partial entries at 6; r1's hit of 6 is its prompt's last hash
+    # boundary, whose entry prefixkv's admission puts on the full block's copy at once,
+    # vLLM's only at the later cache_blocks: refused by name, nothing changed
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    from .test_vllm_block_sizes_reference import _request
+
+    groups, h = PARTIAL_FULL["full4+mamba4, hash 2"]
+    sides = Sides(groups, 40, partial=True, hash_size=h)
+    sides.do("add", [0, 0, 1, 1, 2, 2, 3], 6)
+    sides.do("free", 0, 0)
+    m = sides.ms[1]
+    m.new_step_starts()
+    r = _request("r9", [0, 0, 1, 1, 2, 2, 3, 3], h)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    free = m.block_pool.get_num_free_blocks()
+    assert hit == 6
+    with pytest.raises(UnsupportedByPrefixKV, match="delay_cache_blocks"):
+        m.allocate_slots(r, 2, hit, blocks, delay_cache_blocks=True)
+    assert m.block_pool.get_num_free_blocks() == free and not m.live_request_ids()
+    assert m.allocate_slots(r, 2, hit, blocks) is not None  # (not delayed: served)
+
+
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
+def test_kv_events_are_refused_by_name_with_full_attention_larger_than_the_hash_block(layout):
+    # (with events on, this test's random comparison found vLLM announcing a partial
+    # entry of full attention prefixkv did not, and block hashes that differ)
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    from .test_vllm_block_sizes_reference import _plugin
+
+    groups, h = PARTIAL_FULL[layout]
+    lcm = math.lcm(*(b for b, _ in groups))
+    with pytest.raises(UnsupportedByPrefixKV, match="KV events"):
+        _plugin(groups, h, lcm, 400, events=True)
+    _plugin(groups, h, lcm, 400)
