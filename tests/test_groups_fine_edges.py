@@ -1,9 +1,11 @@
 """Edges of full attention larger than the hash block (groups/partial_full.py,
 groups/fine.py) that tests/test_groups_partial_full.py and the fine machines reach
 rarely: the group alone looking past a boundary it has no entry at, a hit at the last
-boundary of a prompt whose length is a multiple of the hash block."""
+boundary of a prompt whose length is a multiple of the hash block, a block given
+another entry (fine.hold)."""
 
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
+from test_groups_fine import Scene
 
 
 def _manager(full, num_blocks=24):
@@ -39,3 +41,24 @@ def test_a_copy_at_the_last_boundary_of_an_even_prompt_holds_the_entry():
     assert copy != full
     assert m.prefix_probe(prompt).copies(6, 0) == (full, copy)
     m.check_invariants()
+
+
+def test_a_block_given_another_entry_loses_its_own_first():
+    """``fine.hold`` on a block holding another prefix's entry (never seen from the
+    manager: a request's last boundary is fixed): the old entry goes (the block's only
+    content: dropped with it; beside a whole key: the key stays), the new one is held."""
+    s = Scene()
+    tokens, nodes, a = s.held()
+    other = s.nodes([9, 9, 9])
+    s.events()
+    s.hold(a, other, 0, [9, 9, 9])
+    s.sound()
+    assert s.index.fine.find(0, nodes[0]) is None and s.index.fine.find(0, other[0]) is a
+    assert s.index.nodes[a.block_id] is other[0] and a.key is other[0].key
+    assert s.events() == [("Removed", nodes[0].hash), ("Stored", other[0].hash)]
+    whole, _ = s.promoted_and_copied()[:2]
+    b = s.index.find(0, whole[1])
+    s.hold(b, other, 0, [9, 9, 9])
+    s.sound()
+    assert s.index.find(0, whole[1]) is b and s.index.nodes[b.block_id] is whole[1]
+    assert s.index.fine.holds(b, other[0]) and not s.index.fine.holds(b, whole[0])
