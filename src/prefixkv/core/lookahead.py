@@ -186,8 +186,19 @@ class LookaheadKVCacheManager(KVCacheManager):
         new = self._encode(token_ids)
         total = len(req.tokens) + len(new)
         self._check_keyed(request_id, total, max(0, total - self.hash_lookahead_tokens) // self.block_size)
-        got = super().append_tokens(request_id, new)
-        self._grow_keys(req)
+        keys = req.keys
+        assert isinstance(keys, LookaheadKeys), "a lookahead manager's request has lookahead keys"
+        if (total - self.hash_lookahead_tokens) // self.block_size > len(keys.mm):  # type: ignore[arg-type]
+            # (before the base call: a block it fills is keyed with the lookahead it brings)
+            req.keys = lookahead_keys(keys.own, req.tokens + new, self.block_size,
+                                      self.hash_lookahead_tokens, keys)
+        try:
+            got = super().append_tokens(request_id, new)
+        except BaseException:
+            req.keys = keys
+            raise
+        if got is None:
+            req.keys = keys  # (short of blocks: nothing changed)
         return got
 
     def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
