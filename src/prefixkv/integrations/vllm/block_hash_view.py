@@ -36,7 +36,10 @@ from .layout import Layout, UnsupportedByPrefixKV
 if TYPE_CHECKING:
     from .block_hashes import HashLookups
 
-__all__ = ["BlockHashView", "Held", "view_for"]
+__all__ = ["KEEP", "BlockHashView", "Held", "view_for"]
+
+KEEP = 64
+"""Freed requests kept alive for their blocks' hashes before those are noted (``gone``)."""
 
 Held = Callable[[int], "tuple[int, int] | None"]
 """prefixkv's ``held_content`` of a block id: (group, content id), or None."""
@@ -53,6 +56,7 @@ class BlockHashView:
         # prefixkv block id -> (what it held: group and content id, vLLM's hash with group
         # id, tokens)
         self._known: dict[int, tuple[tuple[int, int], bytes, int]] = {}
+        self._gone: list[Any] = []  # requests freed, kept alive (``gone``)
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
@@ -74,27 +78,47 @@ class BlockHashView:
                     f"hash of it is not known here")
         return known[1], known[2]
 
+    def gone(self, request: Any) -> None:
+        """``request`` (one the manager frees: finished, aborted, preempted) is kept
+        alive, so a later first read of a block it cached still finds its hash through
+        it (its record in the noted prompts lives as long); past ``KEEP`` such requests,
+        the hashes of every block they name that still holds their content are noted and
+        they are let go. O(1) a request, the note amortized."""
+        if self.unserved is not None:
+            return
+        kept = self._gone
+        kept.append(request)
+        if len(kept) > KEEP:
+            self._gone = []
+            for r in kept:
+                self._note(r)
+
     def _scan(self, core_id: int, held: tuple[int, int]) -> None:
-        """Note the hash of every block holding a prefix of the noted live requests, one
-        request at a time, until block ``core_id`` is found holding ``held``."""
-        lookups, held_content, known, groups = self._lookups, self._held, self._known, range(self._groups)
-        h = lookups.prefixes.hash_block_size
-        for r in lookups.prefixes.requests():
-            hashes = r.block_hashes
-            m = min(len(hashes), r.num_tokens // h)
-            if not m:
-                continue
-            probe = lookups.probe_for(r, m * h, hashes[m - 1])
-            for j in range(m):
-                n = (j + 1) * h
-                for g in groups:
-                    for b in probe.copies(n, g):
-                        now = held_content(b)
-                        if now is not None:
-                            known[b] = (now, make_block_hash_with_group_id(hashes[j], g), n)
+        """Note the hash of every block holding a prefix of the noted live requests
+        (those kept past their free included), one request at a time, until block
+        ``core_id`` is found holding ``held``."""
+        known = self._known
+        for r in self._lookups.prefixes.requests():
+            self._note(r)
             found = known.get(core_id)
             if found is not None and found[0] == held:
                 return
+
+    def _note(self, r: Any) -> None:
+        """Note the hash of every block holding a prefix of request ``r``."""
+        hashes, h = r.block_hashes, self._lookups.prefixes.hash_block_size
+        m = min(len(hashes), r.num_tokens // h)
+        if not m:
+            return
+        held_content, known, groups = self._held, self._known, range(self._groups)
+        probe = self._lookups.probe_for(r, m * h, hashes[m - 1])
+        for j in range(m):
+            n = (j + 1) * h
+            for g in groups:
+                for b in probe.copies(n, g):
+                    now = held_content(b)
+                    if now is not None:
+                        known[b] = (now, make_block_hash_with_group_id(hashes[j], g), n)
 
 
 def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:

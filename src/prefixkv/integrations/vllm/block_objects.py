@@ -21,7 +21,7 @@ manager.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
@@ -39,6 +39,10 @@ class HashSource(Protocol):
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of prefixkv block
         ``core_id``, None while it holds no findable content."""
+
+    def gone(self, request: Any) -> None:
+        """The manager freed ``request``: what a later read of its blocks' hashes needs
+        is kept."""
 
 
 class PoolBlock(KVCacheBlock):

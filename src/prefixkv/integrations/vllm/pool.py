@@ -54,6 +54,12 @@ class Blocks:
         h = self.hashes
         return None if h is None else h.hash_entry(core_id)
 
+    def gone(self, request: Any) -> None:
+        """``hashes.gone`` (block_objects.py's ``HashSource``); nothing before it is set."""
+        h = self.hashes
+        if h is not None:
+            h.gone(request)
+
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
         every group is empty, as vLLM's manager returns it)."""

@@ -70,6 +70,7 @@ def free_request(m: KVCacheManager, request: Request) -> None:
     if key is not None:
         uncache_set_back(m, key, request)
         m.core.free(key)
+        m._blocks.gone(request)  # (its blocks' hashes stay readable: block_hash_view.py)
 
 
 def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
@@ -78,6 +79,7 @@ def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
     if key is None:
         return []
     uncache_set_back(m, key, request)
+    m._blocks.gone(request)
     blocks = [m._blocks.fresh(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
     m._popped.hand_out(key, blocks)
     return blocks
