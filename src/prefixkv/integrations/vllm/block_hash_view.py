@@ -13,9 +13,14 @@ block's group appended (``BlockHashWithGroupId``), covering the tokens to the bl
 Nothing is recorded on the admission path. The hash is found when first read: the
 requests prefixkv's block hasher noted (block_hashes.py) are asked, through their probes,
 which blocks hold each of their prefixes, until one names the block; each block found
-keeps its hash while it holds the same content id. A block holding content that no live
-noted request names (its request gone) is refused with UnsupportedByPrefixKV, as a hash
-of no live request is: vLLM would answer from its own map.
+keeps its hash while it holds the same content id. When the manager frees a request
+(``gone``: finished, aborted, preempted, popped), what its blocks hold then (the
+manager's ``held_contents``, one call a group) and its hashes are kept per block, so a
+block whose requests are all gone reads its hash as vLLM's does (vLLM keeps it until
+the block is evicted) while it holds that content: O(blocks) at each free, with no
+bytecodes a block in the plug-in (benchmarks/plugin_block_hash_reads.py). A block holding
+content that no noted request ever named (a request built without prefixkv's block
+hasher) is refused with UnsupportedByPrefixKV, as a hash of no noted request is.
 
 Served where every group's block is the hash block and none is Mamba. Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
@@ -26,7 +31,7 @@ request's blocks whether they are hashed, which ran before).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
@@ -36,13 +41,13 @@ from .layout import Layout, UnsupportedByPrefixKV
 if TYPE_CHECKING:
     from .block_hashes import HashLookups
 
-__all__ = ["KEEP", "BlockHashView", "Held", "view_for"]
-
-KEEP = 64
-"""Freed requests kept alive for their blocks' hashes before those are noted (``gone``)."""
+__all__ = ["BlockHashView", "Held", "view_for"]
 
 Held = Callable[[int], "tuple[int, int] | None"]
 """prefixkv's ``held_content`` of a block id: (group, content id), or None."""
+
+Contents = Callable[[Sequence[int]], list[int]]
+"""prefixkv's ``held_contents`` of block ids: each one's content id, 0 for none."""
 
 
 class BlockHashView:
@@ -51,17 +56,22 @@ class BlockHashView:
     number of groups; ``unserved``: why no hash is served in this layout (every block
     reads None), or None."""
 
-    def __init__(self, lookups: HashLookups, held: Held, groups: int, unserved: str | None) -> None:
+    def __init__(self, lookups: HashLookups, held: Held, contents: Contents, groups: int,
+                 unserved: str | None) -> None:
         self._lookups, self._held, self._groups, self.unserved = lookups, held, groups, unserved
+        self._contents = contents
         # prefixkv block id -> (what it held: group and content id, vLLM's hash with group
         # id, tokens)
         self._known: dict[int, tuple[tuple[int, int], bytes, int]] = {}
-        self._gone: list[Any] = []  # requests freed, kept alive (``gone``)
+        # prefixkv block id -> (group, the row of blocks a request went from, what they held
+        # then, its hashes): ``gone``
+        self._gone: dict[int, tuple[int, Sequence[int], list[int], list[bytes]]] = {}
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
         None while it holds no findable content, and in a layout not served. Raises
-        UnsupportedByPrefixKV for content no live noted request names."""
+        UnsupportedByPrefixKV for content no noted request named (live, or freed:
+        ``gone``)."""
         if self.unserved is not None:
             return None
         held = self._held(core_id)
@@ -69,29 +79,48 @@ class BlockHashView:
             return None
         known = self._known.get(core_id)
         if known is None or known[0] != held:
-            self._scan(core_id, held)
+            if not self._kept(core_id, held):
+                self._scan(core_id, held)
             known = self._known.get(core_id)
             if known is None or known[0] != held:
                 raise UnsupportedByPrefixKV(
-                    f"KVCacheBlock.block_hash of prefixkv block {core_id}: it holds content no live "
-                    f"request prefixkv's block hasher noted names (its request is gone), so vLLM's "
-                    f"hash of it is not known here")
+                    f"KVCacheBlock.block_hash of prefixkv block {core_id}: it holds content no "
+                    f"request prefixkv's block hasher noted named (a request built without it), so "
+                    f"vLLM's hash of it is not known here")
         return known[1], known[2]
 
-    def gone(self, request: Any) -> None:
-        """``request`` (one the manager frees: finished, aborted, preempted) is kept
-        alive, so a later first read of a block it cached still finds its hash through
-        it (its record in the noted prompts lives as long); past ``KEEP`` such requests,
-        the hashes of every block they name that still holds their content are noted and
-        they are let go. O(1) a request, the note amortized."""
+    def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
+        """``request`` goes (the manager frees it: finished, aborted, preempted) from
+        blocks ``ids`` (per group, prefixkv's ids in token order, not yet freed): what
+        each holds and the request's hashes are kept for a later first read, which no
+        live request may answer then (O(1) bytecodes a block: the manager's
+        ``held_contents`` and a dict update, in C)."""
         if self.unserved is not None:
             return
-        kept = self._gone
-        kept.append(request)
-        if len(kept) > KEEP:
-            self._gone = []
-            for r in kept:
-                self._note(r)
+        hashes = request.block_hashes
+        m = len(hashes)
+        if not m:
+            return
+        hashes, contents, gone = hashes[:m], self._contents, self._gone
+        for g, row in enumerate(ids):
+            if len(row) > m:
+                row = row[:m]
+            if row:
+                gone.update(dict.fromkeys(row, (g, row, contents(row), hashes)))
+
+    def _kept(self, core_id: int, held: tuple[int, int]) -> bool:
+        """Note block ``core_id``'s hash from what ``gone`` kept, if it still holds that
+        content; whether it does."""
+        entry = self._gone.pop(core_id, None)
+        if entry is None:
+            return False
+        g, row, contents, hashes = entry
+        j = row.index(core_id)
+        if held != (g, contents[j]):
+            return False
+        h = self._lookups.prefixes.hash_block_size
+        self._known[core_id] = (held, make_block_hash_with_group_id(hashes[j], g), (j + 1) * h)
+        return True
 
     def _scan(self, core_id: int, held: tuple[int, int]) -> None:
         """Note the hash of every block holding a prefix of the noted live requests
@@ -131,4 +160,4 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     elif any(spec.sparse for spec in layout.groups):
         unserved = ("Mamba groups: vLLM hashes only some of their states, which prefixkv's block objects "
                    "do not follow")
-    return BlockHashView(lookups, core.held_content, len(layout.groups), unserved)
+    return BlockHashView(lookups, core.held_content, core.held_contents, len(layout.groups), unserved)

@@ -20,7 +20,7 @@ manager.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -40,9 +40,9 @@ class HashSource(Protocol):
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of prefixkv block
         ``core_id``, None while it holds no findable content."""
 
-    def gone(self, request: Any) -> None:
-        """The manager freed ``request``: what a later read of its blocks' hashes needs
-        is kept."""
+    def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
+        """``request`` goes from prefixkv blocks ``ids`` (per group): what a later read
+        of their hashes needs is kept."""
 
 
 class PoolBlock(KVCacheBlock):
