@@ -93,6 +93,5 @@ def held_contents(self: KVCacheManager, block_ids: Sequence[int]) -> list[int]:
     index = self._index
     if not isinstance(index, ContentIndex):
         return [0] * len(ids)
-    blocks, content_of = self._pool.blocks, index.content_of
-    return [content_of(blocks[i]) or 0 for i in ids]
+    return index.contents_of(list(map(self._pool.blocks.__getitem__, ids)))
 

@@ -52,20 +52,24 @@ Contents = Callable[[Sequence[int]], list[int]]
 
 class BlockHashView:
     """``hash_entry(core_id)`` (block_objects.py's ``HashSource``) over ``lookups``'
-    noted requests and probes; ``held``: the manager's ``held_content``; ``groups``: the
-    number of groups; ``unserved``: why no hash is served in this layout (every block
-    reads None), or None."""
+    noted requests and probes; ``held``: the manager's ``held_content``, ``contents``:
+    its ``held_contents``; ``groups``: the number of groups; ``unserved``: why no hash is
+    served in this layout (every block reads None), or None; ``rows``: the groups whose
+    blocks ``gone`` reads (full attention); ``num_blocks``: the manager's."""
 
     def __init__(self, lookups: HashLookups, held: Held, contents: Contents, groups: int,
-                 unserved: str | None) -> None:
+                 unserved: str | None, rows: Sequence[int] = (0,), num_blocks: int = 0) -> None:
         self._lookups, self._held, self._groups, self.unserved = lookups, held, groups, unserved
         self._contents = contents
         # prefixkv block id -> (what it held: group and content id, vLLM's hash with group
         # id, tokens)
         self._known: dict[int, tuple[tuple[int, int], bytes, int]] = {}
-        # prefixkv block id -> (group, the row of blocks a request went from, what they held
-        # then, its hashes): ``gone``
-        self._gone: dict[int, tuple[int, Sequence[int], list[int], list[bytes]]] = {}
+        # content id -> (vLLM's hash of that prefix, without group id; its tokens), kept
+        # from requests that went (``gone``), from the groups ``rows`` (full attention: every
+        # prefix a request holds; all groups where none is)
+        self._gone: dict[int, tuple[bytes, int]] = {}
+        self._rows, self._num_blocks = rows, num_blocks
+        self._limit = 2 * num_blocks
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
@@ -90,36 +94,38 @@ class BlockHashView:
         return known[1], known[2]
 
     def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
-        """``request`` goes (the manager frees it: finished, aborted, preempted) from
-        blocks ``ids`` (per group, prefixkv's ids in token order, not yet freed): what
-        each holds and the request's hashes are kept for a later first read, which no
-        live request may answer then (O(1) bytecodes a block: the manager's
-        ``held_contents`` and a dict update, in C)."""
+        """``request`` goes (the manager frees it: finished, aborted, preempted, popped)
+        from blocks ``ids`` (per group, prefixkv's ids in token order, not yet freed): the
+        content each of its full-attention blocks holds (a prefix of it, the one every
+        group's block of that prefix holds: a window's released ones too) is kept with
+        the request's hash of that prefix, for a later first read no live request may
+        answer then. No bytecodes a block here (the manager's ``held_contents`` and a
+        dict update, in C); the kept entries are swept of contents no block holds when
+        they outgrow twice the pool."""
         if self.unserved is not None:
             return
         hashes = request.block_hashes
         m = len(hashes)
-        if not m:
-            return
-        hashes, contents, gone = hashes[:m], self._contents, self._gone
-        for g, row in enumerate(ids):
+        h, gone = self._lookups.prefixes.hash_block_size, self._gone
+        for g in self._rows:
+            row = ids[g]
             if len(row) > m:
                 row = row[:m]
-            if row:
-                gone.update(dict.fromkeys(row, (g, row, contents(row), hashes)))
+            tokens = range(h, (len(row) + 1) * h, h)  # (hashes may run past the row)
+            gone.update(zip(self._contents(row), zip(hashes, tokens, strict=False), strict=True))
+        if len(gone) > self._limit:
+            held = set(self._contents(range(self._num_blocks)))
+            self._gone = {c: e for c, e in gone.items() if c in held}
+            self._limit = 2 * len(self._gone) + self._num_blocks
 
     def _kept(self, core_id: int, held: tuple[int, int]) -> bool:
-        """Note block ``core_id``'s hash from what ``gone`` kept, if it still holds that
-        content; whether it does."""
-        entry = self._gone.pop(core_id, None)
+        """Note block ``core_id``'s hash from what ``gone`` kept of the content it holds;
+        whether it was kept."""
+        g, cid = held
+        entry = self._gone.get(cid)
         if entry is None:
             return False
-        g, row, contents, hashes = entry
-        j = row.index(core_id)
-        if held != (g, contents[j]):
-            return False
-        h = self._lookups.prefixes.hash_block_size
-        self._known[core_id] = (held, make_block_hash_with_group_id(hashes[j], g), (j + 1) * h)
+        self._known[core_id] = (held, make_block_hash_with_group_id(entry[0], g), entry[1])
         return True
 
     def _scan(self, core_id: int, held: tuple[int, int]) -> None:
@@ -160,4 +166,6 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     elif any(spec.sparse for spec in layout.groups):
         unserved = ("Mamba groups: vLLM hashes only some of their states, which prefixkv's block objects "
                    "do not follow")
-    return BlockHashView(lookups, core.held_content, core.held_contents, len(layout.groups), unserved)
+    rows = [g for g, spec in enumerate(layout.groups) if not spec.releases] or range(len(layout.groups))
+    return BlockHashView(lookups, core.held_content, core.held_contents, len(layout.groups), unserved,
+                         rows, core.num_blocks)
