@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
@@ -65,11 +66,16 @@ class BlockHashView:
         # id, tokens)
         self._known: dict[int, tuple[tuple[int, int], bytes, int]] = {}
         # content id -> (vLLM's hash of that prefix, without group id; its tokens), kept
-        # from requests that went (``gone``), from the groups ``rows`` (full attention: every
-        # prefix a request holds; all groups where none is)
-        self._gone: dict[int, tuple[bytes, int]] = {}
+        # from the requests' blocks (``gone``, ``_live``) of the groups ``rows`` (full
+        # attention: every prefix a request holds; all groups where none is)
+        self._by_content: dict[int, tuple[bytes, int]] = {}
         self._rows, self._num_blocks = rows, num_blocks
         self._limit = 2 * num_blocks
+        # a live request -> how far ``_live`` kept its blocks' contents, and its hash there
+        self._seen: WeakKeyDictionary[Any, tuple[int, bytes]] = WeakKeyDictionary()
+        # a live request's prefixkv block ids per group, None when it holds none (set by
+        # the manager: its request map)
+        self.rows_of: Callable[[Any], Sequence[Sequence[int]] | None] = lambda r: None
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
@@ -83,15 +89,22 @@ class BlockHashView:
             return None
         known = self._known.get(core_id)
         if known is None or known[0] != held:
-            if not self._kept(core_id, held):
-                self._scan(core_id, held)
-            known = self._known.get(core_id)
-            if known is None or known[0] != held:
-                raise UnsupportedByPrefixKV(
-                    f"KVCacheBlock.block_hash of prefixkv block {core_id}: it holds content no "
-                    f"request prefixkv's block hasher noted named (a request built without it), so "
-                    f"vLLM's hash of it is not known here")
+            known = self._find(core_id, held)
         return known[1], known[2]
+
+    def _find(self, core_id: int, held: tuple[int, int]) -> tuple[tuple[int, int], bytes, int]:
+        """Block ``core_id``'s entry, holding ``held``, not known yet: from the contents
+        kept, else after noting the live requests' blocks past what was noted of each
+        (``_live``), else all of them again, else their probes (``_scan``)."""
+        for find in (self._kept, self._live, self._live_anew, self._scan):
+            find(core_id, held)
+            known = self._known.get(core_id)
+            if known is not None and known[0] == held:
+                return known
+        raise UnsupportedByPrefixKV(
+            f"KVCacheBlock.block_hash of prefixkv block {core_id}: it holds content no request "
+            f"prefixkv's block hasher noted named (a request built without it), so vLLM's hash of it "
+            f"is not known here")
 
     def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
         """``request`` goes (the manager frees it: finished, aborted, preempted, popped)
@@ -102,36 +115,60 @@ class BlockHashView:
         answer then. No bytecodes a block here (the manager's ``held_contents`` and a
         dict update, in C); the kept entries are swept of contents no block holds when
         they outgrow twice the pool."""
-        if self.unserved is not None:
-            return
-        hashes = request.block_hashes
-        m = len(hashes)
-        h, gone = self._lookups.prefixes.hash_block_size, self._gone
-        for g in self._rows:
-            row = ids[g]
-            if len(row) > m:
-                row = row[:m]
-            tokens = range(h, (len(row) + 1) * h, h)  # (hashes may run past the row)
-            gone.update(zip(self._contents(row), zip(hashes, tokens, strict=False), strict=True))
-        if len(gone) > self._limit:
-            held = set(self._contents(range(self._num_blocks)))
-            self._gone = {c: e for c, e in gone.items() if c in held}
-            self._limit = 2 * len(self._gone) + self._num_blocks
+        if self.unserved is None:
+            self._note_rows(request.block_hashes, ids, 0)
 
-    def _kept(self, core_id: int, held: tuple[int, int]) -> bool:
-        """Note block ``core_id``'s hash from what ``gone`` kept of the content it holds;
-        whether it was kept."""
+    def _note_rows(self, hashes: Sequence[bytes], ids: Sequence[Sequence[int]], start: int) -> int:
+        """Keep the content of each block of ``ids``' full-attention rows from position
+        ``start`` with its prefix's hash in ``hashes``; the first position whose block held
+        none (the end where all did)."""
+        m = len(hashes)
+        h, kept, first = self._lookups.prefixes.hash_block_size, self._by_content, m
+        for g in self._rows:
+            row = ids[g][start:m]
+            contents = self._contents(row)
+            tokens = range((start + 1) * h, (start + len(row) + 1) * h, h)  # (hashes may run past it)
+            kept.update(zip(contents, zip(hashes[start:], tokens, strict=False), strict=True))
+            first = min(first, start + (contents.index(0) if 0 in contents else len(row)))
+        kept.pop(0, None)
+        if len(kept) > self._limit:
+            held = set(self._contents(range(self._num_blocks)))
+            self._by_content = {c: e for c, e in kept.items() if c in held}
+            self._limit = 2 * len(self._by_content) + self._num_blocks
+        return first
+
+    def _kept(self, core_id: int, held: tuple[int, int]) -> None:
+        """Note block ``core_id``'s hash from the content kept, if kept."""
         g, cid = held
-        entry = self._gone.get(cid)
-        if entry is None:
-            return False
-        self._known[core_id] = (held, make_block_hash_with_group_id(entry[0], g), entry[1])
-        return True
+        entry = self._by_content.get(cid)
+        if entry is not None:
+            self._known[core_id] = (held, make_block_hash_with_group_id(entry[0], g), entry[1])
+
+    def _live(self, core_id: int, held: tuple[int, int], anew: bool = False) -> None:
+        """Keep what the live requests' blocks hold, each from where the last pass found
+        one of its blocks holding nothing (the blocks before hold what they held then,
+        unless evicted: ``anew`` starts each at 0), then look again."""
+        seen, rows_of = self._seen, self.rows_of
+        for r in self._lookups.prefixes.requests():
+            ids = rows_of(r)
+            if ids is None:
+                continue
+            hashes = r.block_hashes
+            k, last = seen.get(r, (0, b""))
+            if anew or (k and (k > len(hashes) or hashes[k - 1] != last)):  # (its tokens cut)
+                k = 0
+            if k < min(len(hashes), len(ids[self._rows[0]])):
+                k = self._note_rows(hashes, ids, k)
+                seen[r] = (k, hashes[k - 1] if k else b"")
+        self._kept(core_id, held)
+
+    def _live_anew(self, core_id: int, held: tuple[int, int]) -> None:
+        self._live(core_id, held, True)
 
     def _scan(self, core_id: int, held: tuple[int, int]) -> None:
-        """Note the hash of every block holding a prefix of the noted live requests
-        (those kept past their free included), one request at a time, until block
-        ``core_id`` is found holding ``held``."""
+        """Note the hash of every block holding a prefix of the noted live requests,
+        through their probes, one request at a time, until block ``core_id`` is found
+        holding ``held``."""
         known = self._known
         for r in self._lookups.prefixes.requests():
             self._note(r)
