@@ -101,8 +101,8 @@ class ContentChains(Announcer):
         run's, in order, is answered at once."""
         twins = self._twins
         if not self.run_counts.pending:  # (no pending run: each block's own fields)
-            if not twins:
-                return [0 if b.key is None else b.content_id for b in blocks]
+            if not twins:  # (a twin then is one ``uncache`` took out: unlisted)
+                return [0 if b.key is None or b.twin else b.content_id for b in blocks]
             return [0 if b.key is None or (b.twin and b not in twins.get(b.content_id, ())) else b.content_id
                     for b in blocks]
         out: list[int] = []
