@@ -10,17 +10,20 @@ vLLM's hash of that content: None while the block holds none, else the hash the
 ``block_hashes`` of a request holding that prefix have at the block's end, with the
 block's group appended (``BlockHashWithGroupId``), covering the tokens to the block's end.
 
-Nothing is recorded on the admission path. The hash is found when first read: the
-requests prefixkv's block hasher noted (block_hashes.py) are asked, through their probes,
-which blocks hold each of their prefixes, until one names the block; each block found
-keeps its hash while it holds the same content id. When the manager frees a request
-(``gone``: finished, aborted, preempted, popped), what its blocks hold then (the
-manager's ``held_contents``, one call a group) and its hashes are kept per block, so a
-block whose requests are all gone reads its hash as vLLM's does (vLLM keeps it until
-the block is evicted) while it holds that content: O(blocks) at each free, with no
-bytecodes a block in the plug-in (benchmarks/plugin_block_hash_reads.py). A block holding
-content that no noted request ever named (a request built without prefixkv's block
-hasher) is refused with UnsupportedByPrefixKV, as a hash of no noted request is.
+Nothing is recorded on the admission path. What a block holds is named by its content
+id (never reused), and a content id is kept with vLLM's hash of that prefix
+(``_by_content``) from the blocks of a request (a request's block at position ``j`` holds
+its prefix to ``(j + 1) * hash_block_size``): at the manager's free of the request
+(``gone``: finished, aborted, preempted, popped; so a block whose requests are all gone
+reads its hash, as vLLM keeps it until the block is evicted), and at a first read
+(``_live``: each live request's block ids from the manager's request map, from where its
+last pass stopped; then all of them anew, then the probes of the requests prefixkv's block
+hasher noted, block_hashes.py). Only the full-attention groups' blocks are read: every
+group's block of one prefix holds the same id, a window's released ones too. Each costs
+the manager's ``held_contents`` and a dict update a group, no bytecodes a block
+(benchmarks/plugin_block_hash_reads.py). A block holding content no request prefixkv's
+block hasher noted ever named (one built without it) is refused with
+UnsupportedByPrefixKV, as a hash of no noted request is.
 
 Served where every group's block is the hash block and none is Mamba. Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
