@@ -172,3 +172,45 @@ def test_every_blocks_hash_is_vllms_with_finished_requests_dropped(layout, num_b
                 _every_block(sides[0].m)  # (each pool evicted its own: no read raises)
             else:
                 _same_pools(sides[0].m, sides[1].m)
+
+
+def test_reading_each_steps_new_block_costs_the_same_on_long_requests():
+    # (a connector asking each step's new blocks: each live request's blocks are kept from
+    # where its last pass stopped, not walked again from its start; beside a window the
+    # hybrid manager's get_block_ids, which the pass reads, is O(blocks) itself)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.request import RequestStatus
+
+    from prefixkv.bench.opcodes import count_opcodes
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    from .test_vllm_plugin import config
+
+    init_none_hash(sha256)
+
+    def cost(blocks: int) -> int:
+        specs = (full(BS),)
+        m = Ours(config(*specs, num_blocks=len(specs) * 4 * (blocks + 4)), max_model_len=blocks * BS + 4 * BS,
+                 scheduler_block_size=BS, hash_block_size=BS)
+        reqs = []
+        for i in range(4):
+            r = ref._request(f"r{i}", [(i * 997 + t * 31) % 1000 for t in range(blocks * BS)], None)
+            m.prepared_prompts.note(r)
+            assert m.allocate_slots(r, blocks * BS) is not None
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, blocks * BS
+            reqs.append(r)
+        assert m.get_blocks("r0").blocks[0][0].block_hash is not None  # (the first pass)
+        for r in reqs:  # (a step: each request fills one block more)
+            for _ in range(BS):
+                r.append_output_token_ids(7)
+                assert m.allocate_slots(r, 1) is not None
+                r.num_computed_tokens += 1
+        new = m.get_blocks("r3").blocks[0][blocks]
+        gc.disable()  # (a collection's callbacks would be counted)
+        try:
+            return count_opcodes(lambda: new.block_hash)
+        finally:
+            gc.enable()
+
+    assert cost(64) == cost(8)

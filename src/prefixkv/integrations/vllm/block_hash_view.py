@@ -151,16 +151,16 @@ class BlockHashView:
         """Keep what the live requests' blocks hold, each from where the last pass found
         one of its blocks holding nothing (the blocks before hold what they held then,
         unless evicted: ``anew`` starts each at 0), then look again."""
-        seen, rows_of = self._seen, self.rows_of
+        seen, rows_of, h = self._seen, self.rows_of, self._lookups.prefixes.hash_block_size
         for r in self._lookups.prefixes.requests():
-            ids = rows_of(r)
-            if ids is None:
-                continue
             hashes = r.block_hashes
             k, last = seen.get(r, (0, b""))
             if anew or (k and (k > len(hashes) or hashes[k - 1] != last)):  # (its tokens cut)
                 k = 0
-            if k < min(len(hashes), len(ids[self._rows[0]])):
+            elif k >= min(len(hashes), r.num_tokens // h):
+                continue  # (no block past those kept can hold a prefix yet)
+            ids = rows_of(r)
+            if ids is not None and k < min(len(hashes), len(ids[self._rows[0]])):
                 k = self._note_rows(hashes, ids, k)
                 seen[r] = (k, hashes[k - 1] if k else b"")
         self._kept(core_id, held)
