@@ -40,6 +40,30 @@ BS = ref.BS
 LAYOUTS = {"full": None, "full and sliding window": (full(BS), _window(2 * BS))}
 
 
+def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[ref.Side, ref.Side]:
+    """``ref._managers``' pair, a block's hash read once on each (prefixkv keeps a freed
+    request's hashes from the first read on: block_hash_view.py)."""
+    sides = ref._managers(num_blocks, specs)
+    for s in sides:
+        assert s.m.block_pool.blocks[-1].block_hash is None  # (a fresh pool's last: empty)
+    return sides
+
+
+def test_before_any_read_a_free_keeps_nothing_and_a_gone_blocks_read_is_refused_by_name():
+    # (the free then costs what it did before block_hash_view.gone)
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    sides = ref._managers(24)
+    reqs = _run(sides, "a", list(range(2 * BS + 1)))
+    blocks = sides[0].m.get_blocks("a").blocks[0]
+    _finish(sides, reqs)
+    del reqs
+    gc.collect()
+    with pytest.raises(UnsupportedByPrefixKV, match="before anything read a block's hash"):
+        _ = blocks[0].block_hash
+    assert blocks[2].block_hash is None  # (the partial last block: never hashed)
+
+
 def _every_block(m: Any) -> Counter[tuple[bytes | None, int | None]]:
     return Counter(_hashes(m.block_pool.blocks))
 
@@ -74,7 +98,7 @@ def _finish(sides: tuple[ref.Side, ref.Side], reqs: list[Any]) -> None:
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_a_cached_block_read_first_after_its_request_is_gone_reads_vllms_hash(layout):
-    sides = ref._managers(24, LAYOUTS[layout])
+    sides = _managers(24, LAYOUTS[layout])
     reqs = _run(sides, "a", list(range(3 * BS + 1)), decode=BS)
     blocks = [[b for g in s.m.get_blocks("a").blocks for b in g] for s in sides]
     _finish(sides, reqs)
@@ -89,7 +113,7 @@ def test_a_preempted_request_dropped_while_waiting_leaves_its_blocks_hashed():
     # (vLLM frees a preempted request's blocks once; aborted while waiting, it frees none)
     from vllm.v1.request import RequestStatus
 
-    sides = ref._managers(24)
+    sides = _managers(24)
     reqs = _run(sides, "p", list(range(2 * BS + 2)))
     blocks = [s.m.get_blocks("p").blocks[0] for s in sides]
     for s, r in zip(sides, reqs, strict=True):
@@ -104,7 +128,7 @@ def test_a_preempted_request_dropped_while_waiting_leaves_its_blocks_hashed():
 
 
 def test_a_reset_then_reuse_reads_none_and_the_new_hash():
-    sides = ref._managers(12)
+    sides = _managers(12)
     reqs = _run(sides, "a", list(range(2 * BS + 1)))
     blocks = [s.m.get_blocks("a").blocks[0] for s in sides]
     _finish(sides, reqs)
@@ -120,7 +144,7 @@ def test_a_reset_then_reuse_reads_none_and_the_new_hash():
 
 
 def test_a_block_evicted_and_reused_after_its_request_went_reads_its_new_hash():
-    sides = ref._managers(12)
+    sides = _managers(12)
     reqs = _run(sides, "a", list(range(2 * BS + 1)))
     _finish(sides, reqs)
     del reqs
@@ -134,7 +158,7 @@ def test_a_block_evicted_and_reused_after_its_request_went_reads_its_new_hash():
 
 def test_a_block_freed_by_a_popped_request_keeps_its_hash_after_the_request_goes():
     # (pop_blocks_for_free: the blocks handed back later with block_pool.free_blocks)
-    sides = ref._managers(12)
+    sides = _managers(12)
     reqs = _run(sides, "a", list(range(2 * BS + 1)))
     popped = [s.m.pop_blocks_for_free(r) for s, r in zip(sides, reqs, strict=True)]
     del reqs
@@ -156,7 +180,7 @@ def _drop_finished(s: ref.Side) -> None:
        ops=st.lists(st.tuples(ref.OP, st.sampled_from([False] * 5 + [True])), min_size=8, max_size=30))
 def test_every_blocks_hash_is_vllms_with_finished_requests_dropped(layout, num_blocks, ops):
     specs = LAYOUTS[layout]
-    sides = ref._managers(num_blocks if specs is None else 2 * num_blocks, specs)
+    sides = _managers(num_blocks if specs is None else 2 * num_blocks, specs)
     with mock.patch.object(ref, "_request", _noting(sides[0].m)):
         for serial, ((op, slot, k, prompt, more), look) in enumerate(ops):
             look = look or serial == len(ops) - 1  # (and at the end: blocks never read before)
