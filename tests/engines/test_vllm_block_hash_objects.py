@@ -199,6 +199,7 @@ def test_a_block_whose_request_is_gone_reads_its_hash_and_one_no_noted_request_n
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
 
     s = ref._managers(12)[0]
+    assert s.m.block_pool.blocks[5].block_hash is None  # (a read: frees keep hashes from now on)
     gone = _noted(s, "gone", [9] * (BS + 1))
     _admit(s.m, gone)
     unread = s.m.get_blocks("gone").blocks[0][0]

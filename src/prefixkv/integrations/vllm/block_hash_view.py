@@ -130,6 +130,10 @@ class BlockHashView:
         if self.read and self.unserved is None:
             self._note_rows(request.block_hashes, ids, 0)
 
+    def keeping(self) -> bool:
+        """Whether ``gone`` keeps anything now: a hash was read, in a layout served."""
+        return self.read and self.unserved is None
+
     def _note_rows(self, hashes: Sequence[bytes], ids: Sequence[Sequence[int]], start: int) -> int:
         """Keep the content of each block of ``ids``' full-attention rows from position
         ``start`` with its prefix's hash in ``hashes``; the first position whose block held

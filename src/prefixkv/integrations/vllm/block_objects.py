@@ -44,6 +44,10 @@ class HashSource(Protocol):
         """``request`` goes from prefixkv blocks ``ids`` (per group): what a later read
         of their hashes needs is kept."""
 
+    def keeping(self) -> bool:
+        """Whether ``gone`` keeps anything now (a block's hash was read), so a free that
+        would only pass it the ids can skip them."""
+
 
 class PoolBlock(KVCacheBlock):
     """vLLM's ``KVCacheBlock`` of vLLM block id ``block_id``, prefixkv's block

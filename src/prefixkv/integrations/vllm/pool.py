@@ -60,6 +60,11 @@ class Blocks:
         if h is not None:
             h.gone(request, ids)
 
+    def keeping(self) -> bool:
+        """``hashes.keeping``; False before it is set."""
+        h = self.hashes
+        return h is not None and h.keeping()
+
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
         every group is empty, as vLLM's manager returns it)."""

@@ -69,7 +69,8 @@ def free_request(m: KVCacheManager, request: Request) -> None:
     key = forget(m, request.request_id)
     if key is not None:
         uncache_set_back(m, key, request)
-        m._blocks.gone(request, m._ids(key))  # (their hashes stay readable: block_hash_view.py)
+        if m._blocks.keeping():  # (their hashes stay readable: block_hash_view.py)
+            m._blocks.gone(request, m._ids(key))
         m.core.free(key)
 
 
