@@ -82,6 +82,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "uncache_blocks": (([0, 1],), {}),
     "ref_cnt": ((1,), {}),
     "held_content": ((1,), {}),
+    "held_contents": (([1, 2],), {}),
     "num_blocks_to_allocate": (("live", 16), {}),
     "num_blocks_released": (("live",), {}),
     "release_unread": (("live",), {}),

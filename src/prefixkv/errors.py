@@ -127,6 +127,19 @@ def check_block_ids(block_ids: object, num_blocks: int) -> list[int]:
     return ids
 
 
+def checked_ids(block_ids: object, num_blocks: int) -> list[int]:
+    """``check_block_ids``, its checks made in C calls while every id is an int in range
+    (no bytecodes an id)."""
+    try:
+        ids: list[int] = list(block_ids)  # type: ignore[call-overload]
+    except TypeError:
+        ids = []
+    else:
+        if not ids or (set(map(type, ids)) <= {int} and min(ids) >= 0 and max(ids) < num_blocks):
+            return ids
+    return check_block_ids(block_ids, num_blocks)  # (raises)
+
+
 def check_chunk(request_id: Hashable, value: object, unscheduled: int) -> int:
     """``extend``'s count: an int in ``[1, unscheduled]``; RequestError otherwise, saying
     so when no known token is left to schedule (the range would be empty)."""

@@ -9,8 +9,9 @@ blocks, group by group and block by block, read vLLM's hash and token count, Non
 where vLLM's read None; until either pool removes a block, so do the blocks the free
 queue lists, as a multiset. Here, directed: every copy of a prefix hashed (two requests
 computing it), a freed block keeping its hash, eviction (reuse, ``evict_blocks``)
-resetting it, popped blocks, a block whose request is gone refused, groups this view
-does not follow refused, and writes refused. Needs vllm."""
+resetting it, popped blocks, a block whose request is gone read (test_vllm_block_hash_kept.py
+has more), one no noted request named refused, groups this view does not follow, and
+writes refused. Needs vllm."""
 
 from __future__ import annotations
 
@@ -192,27 +193,25 @@ def test_writes_are_refused_by_name():
     assert (block.block_hash, block.block_hash_num_tokens) == (key, BS)
 
 
-def test_a_block_whose_request_is_gone_is_refused_and_an_empty_one_reads_none():
+def test_a_block_whose_request_is_gone_reads_its_hash_and_one_no_noted_request_named_is_refused():
     import gc
 
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
 
     s = ref._managers(12)[0]
+    assert s.m.block_pool.blocks[5].block_hash is None  # (a read: frees keep hashes from now on)
     gone = _noted(s, "gone", [9] * (BS + 1))
     _admit(s.m, gone)
     unread = s.m.get_blocks("gone").blocks[0][0]
+    key = gone.block_hashes[0]
     s.m.free(gone)
     del gone
-    r = _noted(s, "r", list(range(BS + 1)))
-    _admit(s.m, r)
-    read = s.m.get_blocks("r").blocks[0][0]
-    s.m.free(r)
-    assert read.block_hash is not None  # (cached, its request object alive)
-    del r
     gc.collect()
-    assert read.block_hash is not None  # (found while it lived: kept while it holds that content)
+    assert (unread.block_hash, unread.block_hash_num_tokens) == (key + bytes(4), BS)  # (kept at its free)
+    stray = ref._request("stray", list(range(BS + 1)), None)  # (built without prefixkv's hasher)
+    _admit(s.m, stray)
     with pytest.raises(UnsupportedByPrefixKV, match="block_hash of prefixkv block"):
-        _ = unread.block_hash
+        _ = s.m.get_blocks("stray").blocks[0][0].block_hash
     assert s.m.block_pool.blocks[5].block_hash is None  # (never used)
 
 

@@ -121,6 +121,7 @@ class KVCacheManager:
     cached_block_id = lookups.cached_block_id
     block_probe = lookups.block_probe
     held_content = lookups.held_content
+    held_contents = lookups.held_contents
     _admit = admit_general._admit
     _readmit = store_readmit._readmit
     _start = store_start._start

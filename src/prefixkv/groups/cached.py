@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.prompt import Prompt, encode_prompt, unpack_prompt
-from ..errors import RequestError, check_count
+from ..errors import RequestError, check_count, checked_ids
 from ..extra_keys import ExtraKeys
 from .prefixes import Prefix
 
@@ -137,3 +137,12 @@ def held_content(self: HybridKVCacheManager, block_id: int) -> tuple[int, int] |
     index = self._index
     node = index.nodes[check_count("block id", block_id, 0, self.num_blocks - 1)]
     return None if node is None else (index.owner[block_id], node.pid)
+
+
+def held_contents(self: HybridKVCacheManager, block_ids: Sequence[int]) -> list[int]:
+    """``held_content``'s prefix id of each block of ``block_ids`` (0 where it holds
+    none), in one pass. Changes nothing. Raises RequestError for an id that is not one
+    of this pool's."""
+    nodes = self._index.nodes
+    return [0 if (node := nodes[i]) is None else node.pid for i in checked_ids(block_ids, self.num_blocks)]
+

@@ -125,6 +125,7 @@ class HybridKVCacheManager:
     cached_block_ids = cached.cached_block_ids
     prefix_probe = cached.prefix_probe
     held_content = cached.held_content
+    held_contents = cached.held_contents
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter

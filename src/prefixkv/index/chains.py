@@ -7,6 +7,7 @@ are in ``recording.py`` (a miss's blocks: ``store``, ``store_filled``) and ``lan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import NO_CHILD, Block, ContentKey, Key
@@ -92,6 +93,38 @@ class ContentChains(Announcer):
         if b.key is None or (b.twin and b not in self._twins.get(b.content_id, ())):
             return None
         return b.content_id
+
+    def contents_of(self, blocks: Sequence[Block]) -> list[int]:
+        """``content_of`` of each of ``blocks`` (0 for None), writing no pending run: a
+        block of one, but its last, holds the run's ``cid0`` plus its place (pending.py;
+        the settle would key it, never a twin). A stretch of ``blocks`` that is such a
+        run's, in order, is answered at once."""
+        twins = self._twins
+        if not self.run_counts.pending:  # (no pending run: each block's own fields)
+            if not twins:  # (a twin then is one ``uncache`` took out: unlisted)
+                return [0 if b.key is None or b.twin else b.content_id for b in blocks]
+            return [0 if b.key is None or (b.twin and b not in twins.get(b.content_id, ())) else b.content_id
+                    for b in blocks]
+        out: list[int] = []
+        i, n = 0, len(blocks)
+        while i < n:
+            b = blocks[i]
+            r = b.counted
+            if r is not None and r.pending and b is not r.blocks[-1]:
+                run = r.blocks
+                k = run.index(b)
+                m = len(run) - 1 - k  # (the last is written: read below)
+                if blocks[i:i + m] == run[k:k + m]:  # (the blocks themselves: no __eq__)
+                    out.extend(range(r.cid0 + k, r.cid0 + k + m))
+                    i += m
+                else:
+                    out.append(r.cid0 + k)
+                    i += 1
+                continue
+            out.append(0 if b.key is None or (b.twin and b not in twins.get(b.content_id, ()))
+                       else b.content_id)
+            i += 1
+        return out
 
     def _settle_near(self, parent: Block) -> None:
         """Settle the pending run ``parent`` is a block of (but its last, written), or

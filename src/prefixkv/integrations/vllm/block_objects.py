@@ -20,8 +20,8 @@ manager.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
@@ -39,6 +39,14 @@ class HashSource(Protocol):
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of prefixkv block
         ``core_id``, None while it holds no findable content."""
+
+    def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
+        """``request`` goes from prefixkv blocks ``ids`` (per group): what a later read
+        of their hashes needs is kept."""
+
+    def keeping(self) -> bool:
+        """Whether ``gone`` keeps anything now (a block's hash was read), so a free that
+        would only pass it the ids can skip them."""
 
 
 class PoolBlock(KVCacheBlock):

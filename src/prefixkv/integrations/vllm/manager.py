@@ -32,6 +32,7 @@ from vllm.v1.request import Request
 from prefixkv.errors import RequestError, check_count
 
 from . import hits, queries
+from .block_hash_view import BlockHashView
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
@@ -148,6 +149,8 @@ class KVCacheManager(StepCalls):
                                         lookups_for(self.core, layout, self.prepared_prompts,
                                                     self._blocks.table, offset, events),
                                         lambda: enable_kv_cache_events and self.core.has_pending_events)
+        if isinstance(view := self._blocks.hashes, BlockHashView):  # (its live requests' blocks)
+            view.rows_of = partial(queries.rows_of, self)
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0

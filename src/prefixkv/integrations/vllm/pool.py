@@ -54,6 +54,17 @@ class Blocks:
         h = self.hashes
         return None if h is None else h.hash_entry(core_id)
 
+    def gone(self, request: Any, ids: Sequence[Sequence[int]]) -> None:
+        """``hashes.gone`` (block_objects.py's ``HashSource``); nothing before it is set."""
+        h = self.hashes
+        if h is not None:
+            h.gone(request, ids)
+
+    def keeping(self) -> bool:
+        """``hashes.keeping``; False before it is set."""
+        h = self.hashes
+        return h is not None and h.keeping()
+
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
         every group is empty, as vLLM's manager returns it)."""

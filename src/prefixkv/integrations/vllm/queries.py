@@ -11,7 +11,7 @@ and the Mamba groups' step cache (mamba.py).
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
@@ -50,6 +50,13 @@ def num_cached_tokens(self: KVCacheManager, request_id: str) -> int:
 def _ids(self: KVCacheManager, key: int) -> tuple[tuple[int, ...], ...]:
     ids = self.core.get_block_ids(key)
     return ids if self._hybrid else (ids,)
+
+
+def rows_of(self: KVCacheManager, request: Any) -> tuple[tuple[int, ...], ...] | None:
+    """prefixkv's block ids of a request per group, None when it holds none (the block
+    objects' hashes: block_hash_view.py)."""
+    key = self._keys.get(request.request_id)
+    return None if key is None else self._ids(key)
 
 
 def get_blocks(self: KVCacheManager, request_id: str) -> KVCacheBlocks:

@@ -69,6 +69,8 @@ def free_request(m: KVCacheManager, request: Request) -> None:
     key = forget(m, request.request_id)
     if key is not None:
         uncache_set_back(m, key, request)
+        if m._blocks.keeping():  # (their hashes stay readable: block_hash_view.py)
+            m._blocks.gone(request, m._ids(key))
         m.core.free(key)
 
 
@@ -78,7 +80,9 @@ def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
     if key is None:
         return []
     uncache_set_back(m, key, request)
-    blocks = [m._blocks.fresh(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
+    ids = m._ids(key)
+    m._blocks.gone(request, ids)
+    blocks = [m._blocks.fresh(i) for g in m._blocks.vllm_ids(ids) for i in g]
     m._popped.hand_out(key, blocks)
     return blocks
 
