@@ -181,12 +181,8 @@ class ContentRecorder(LandedRecorder):
         loop records it)."""
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
-        if parent is not None and self.run_counts.pending:  # (``store``'s, as there)
-            pr = parent.counted
-            ps = parent.starts
-            if (pr is not None and pr.pending and parent is not pr.blocks[-1]) or (
-                    ps is not None and ps.pending):
-                self._settle_near(parent)
+        if parent is not None and self.run_counts.pending:
+            self._settle_near(parent)
         cid = parent.content_id if parent is not None else 0
         if not self.runs or req.keys.mm is not None or (parent is not None and (
                 parent.key is None or parent.twin or (self._twins and cid in self._twins))):
