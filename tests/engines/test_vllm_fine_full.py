@@ -42,13 +42,7 @@ def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int]) ->
     before), up to the first spare."""
     sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
                   hash_size=h)
-    for op, a, b in ops:
-        sides.do(op, a, b)
-        sides.compare(probe)
-        if h is None:
-            same_block_hashes(sides)
-        if any(sides.ms[1].core._index.twins):
-            return
+    sides.drive(ops, probe, same_block_hashes if h is None else None)
 
 
 @pytest.mark.parametrize("small", [False, True])

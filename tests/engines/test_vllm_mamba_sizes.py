@@ -68,6 +68,17 @@ class Sides:
         self.hits = 0  # (probes that hit)
         self.copies = 0  # (copies on write)
 
+    def drive(self, ops: Any, probe: list[int], each: Any = None) -> None:
+        """Each of ``ops`` on both sides, compared after each (and ``each(self)`` then, if
+        given), up to the first spare (the twin rule: tests/twin_model.py)."""
+        for op, a, b in ops:
+            self.do(op, a, b)
+            self.compare(probe)
+            if each is not None:
+                each(self)
+            if any(self.ms[1].core._index.twins):
+                return
+
     def compare(self, probe: list[int]) -> None:
         tables = [{rid: [list(g) for g in m.get_block_ids(rid)] for rid in reqs}
                   for m, reqs in zip(self.ms, self.reqs, strict=True)]
@@ -175,11 +186,7 @@ def test_the_plugin_gives_vllms_tables_and_hits_beside_mamba_of_another_size(lay
     partial = layout.startswith("partial hits: ")
     groups = PARTIAL[layout[len("partial hits: "):]] if partial else MAMBA_LAYOUTS[layout]
     sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=partial)
-    for op, a, b in ops:
-        sides.do(op, a, b)
-        sides.compare(probe)
-        if any(sides.ms[1].core._index.twins):
-            return
+    sides.drive(ops, probe)
 
 
 @pytest.mark.parametrize("small", [False, True])
