@@ -126,6 +126,18 @@ def test_lookahead_entries_that_cannot_be_read_are_not_compared(entries):
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
 
 
+def test_empty_lookahead_entries_are_no_lookahead():
+    """A run that sends an empty list of tokens after each block hashes as one without
+    lookahead keys (0 tokens): not flagged behind a router without them."""
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    ev = {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks),
+          "parent_block_hash": None, "token_ids": toks, "block_size": BS,
+          "lookahead_token_ids": [[], [], []]}
+    router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3, 0)
+
+
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2", None])
 def test_a_bad_lookahead_option_is_refused(bad):
     with pytest.raises(RouterError, match="hash_lookahead_tokens"):
