@@ -29,13 +29,6 @@ def test_positions_read_the_runs_record_forward_backward_and_cut():
     assert ks.content(4) == (22, b"\3\3", b"x", 23)
     assert ks.content(6) == (22, b"\3\3", b"x", 23)
     assert ks.content(7) == (21, b"\2\2", b"x", 22)
-    blocks = [Block(i) for i in range(9)]
-    for i, b in enumerate(blocks):
-        b.content_id = 1000 + i           # (stale in the spans: never read there)
-    assert ks.content_ids(blocks, 0) == [1000, 20, 21, 22, 23, 1005, 23, 22, 1008]
-    assert ks.content_ids(blocks, 3) == [22, 23, 1005, 23, 22, 1008]
-    assert ks.content_ids(blocks, 7) == [22, 1008]
-    assert ks.content_ids(blocks, 8) == [1008]
 
 
 def test_new_keyless_is_an_empty_record_of_its_own():

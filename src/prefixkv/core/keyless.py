@@ -3,7 +3,7 @@ those have no key, and no dict entry for the index to drop; their content is rea
 their run's record. ``BlockPool._evict`` notes each span (``lo, hi``: the index skips
 them when it unkeys) as it takes a pending run whole, or cuts its tail, and when a tier
 below keeps evicted content (``RunCounts.spans``) their records here: the tier reads
-their content (``content``, ``content_ids``).
+their content (``content``; ``among``: the positions of given content ids).
 
     evicted:  b b [p p p p] b [q q] b      p, q: two pending runs' blocks (spans)
 """
@@ -45,21 +45,6 @@ class Keyless:
                 return (pcid if p == 0 else cid0 + p - 1, data[(p + 1) * width:(p + 2) * width],
                         extra, cid0 + p)
         raise IndexError(f"position {i} is in no pending span")
-
-    def content_ids(self, blocks: Sequence[Block], start: int) -> list[int]:
-        """The content ids of ``blocks[start:]`` (the spans' from their records: ranges)."""
-        out: list[int] = []
-        at = start
-        for lo, hi, _, _, p, step, _, cid0, _ in self.spans:
-            if hi <= start:
-                continue
-            i = max(lo, start)
-            out += [b.content_id for b in blocks[at:i]]
-            first = cid0 + p + step * (i - lo)  # (block i's position in its run: p + ...)
-            out += range(first, first + step * (hi - i), step)
-            at = hi
-        out += [b.content_id for b in blocks[at:]]
-        return out
 
     def among(self, blocks: Sequence[Block], start: int, ids: set[int]) -> list[tuple[int, Content]]:
         """The positions of ``blocks[start:]`` whose content id is in ``ids``, each with its
