@@ -137,7 +137,7 @@ class HashCheck:
         try:
             data, step = token_bytes(encode_tokens(run.tokens)), 4 * self._bs  # type: ignore[arg-type]
             chunks = [data[i * step:(i + 1) * step] for i in range(n)]
-            after = [b""] * n if not self._lookahead else [
+            after = [b""] * n if not self._lookahead or run.lookahead is None else [
                 lookahead_bytes(None, encode_tokens(t), 0, len(t))  # type: ignore[arg-type]
                 for t in run.lookahead[:n]]
             for path in (None,) if run.lora is None else self._paths.get(run.lora, ()):
