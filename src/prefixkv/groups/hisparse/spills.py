@@ -52,6 +52,10 @@ class Spills:
         less host copy-on-write)."""
         return bool(self.to_send or self._page)
 
+    def owners(self) -> list[Hashable | None]:
+        """The request of each copy in flight (None once detached), in id order."""
+        return [k for k, _ in self._page.values()]
+
     def page_of(self, tid: int) -> tuple[Hashable | None, int]:
         """(request, page) of copy ``tid`` in flight; request None once detached."""
         if tid not in self._page:

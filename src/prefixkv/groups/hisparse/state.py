@@ -90,17 +90,29 @@ class HiSparseState:
         """``key``'s resident row (read it; the state changes it)."""
         return self._get(key).row
 
+    def need(self, key: Hashable, tokens: int, *, cap: bool = False) -> int:
+        """Device blocks ``key`` (new or not) takes to cover ``tokens`` tokens: its indexer
+        pages, its row's (capped at the admission window when ``cap``) and its hot region
+        if asked for; when the host pool cannot back its pages, that plus the device
+        pool's size and one (vLLM's answer: more than the pool can ever give)."""
+        r = self._requests.get(key) or _Request()
+        pages = blocks_for(check_count("tokens", tokens, 1, None), self.block_size)
+        row = min(pages, self.window) if cap else pages
+        n = max(pages - len(r.indexer), 0) + max(row - len(r.blocks), 0)
+        n += self.hot_blocks - len(r.hot) if r.hot_required else 0
+        return n + (len(self.device.blocks) + 1 if pages - len(r.host) > self.host.num_free else 0)
+
     def fits(self, key: Hashable, full: int) -> bool:
         """The full-sequence gate for ``key`` (new or not) of ``full`` tokens: all of its
         host pages, then the device pages of its indexer, of its row capped at the
         admission window, and its hot region if asked for."""
-        r = self._requests.get(key) or _Request()
-        pages = blocks_for(check_count("full", full, 1, None), self.block_size)
-        if pages - len(r.host) > self.host.num_free:
-            return False
-        need = max(pages - len(r.indexer), 0) + max(min(pages, self.window) - len(r.blocks), 0)
-        need += self.hot_blocks - len(r.hot) if r.hot_required else 0
-        return need <= self.device.num_free
+        return self.need(key, full, cap=True) <= self.device.num_free
+
+    def reclaims(self) -> bool:
+        """Whether a copy in flight gives blocks back once confirmed: a freed request's
+        (its device and host blocks), or one of a row that reads from host (its page is
+        unpinned then)."""
+        return any(k is None or self._requests[k].row.hot for k in self.spills.owners())
 
     def allocate(self, key: Hashable, total: int, full: int = 0) -> bool:
         """Give ``key`` (admitted if new) the blocks of ``total`` tokens, all or nothing;

@@ -1,0 +1,368 @@
+"""vLLM 0.33's ``KVCacheManager`` calls for a HiSparse layout (docs/integration.md,
+"HiSparse"), answered from prefixkv's ``HiSparseState`` (groups/hisparse/state.py), with
+its coordinator (hisparse.py's ``HiSparseSeam``) held by the group views, where vLLM's
+``get_hisparse_coordinator(manager)`` finds it.
+
+The groups are vLLM's: 0 the source (host pool ids), 1 the indexer, 2 the resident row,
+3 the hot region (device pool ids, vLLM's: block 0 the null block). A request's step is
+``allocate_slots`` (all or nothing, vLLM's checks: the full-sequence gate, the watermark,
+``reserved_blocks``, the host pool backing every page); the scheduler's connector then
+calls the seam (``advance_scheduled``, the offload command, the workers' reports).
+
+Served: the scope of ``HiSparseState`` (``hisparse.hisparse_state``): prefix caching
+off (no hit, nothing cached), one resident and one hot group, one block size; refused
+with UnsupportedByPrefixKV at construction otherwise, and for KV events, a metrics
+collector, blocks to zero and context parallelism; at the call for external
+(connector) tokens, encoder tokens, hits, and ``pop_blocks_for_free``. Checked against
+vLLM's manager side by side: tests/engines/test_vllm_hisparse_manager.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+from prefixkv.core.block import blocks_for
+from prefixkv.errors import RequestError, check_count
+
+from .coordinator import GroupView
+from .hisparse import HiSparseSeam, hisparse_state
+from .layout import UnsupportedByPrefixKV
+from .manager import KVCacheManager
+
+__all__ = ["HiSparseKVCacheManager"]
+
+_HOST, _INDEXER, _RESIDENT, _HOT = range(4)
+
+
+def _refused(what: str) -> NoReturn:
+    raise UnsupportedByPrefixKV(f"prefixkv's HiSparse manager does not serve {what} (it serves "
+                                f"prefix caching off; docs/integration.md, \"HiSparse\")")
+
+
+class _GroupView(GroupView):
+    """A group of the layout as vLLM's HiSparse managers show it to
+    ``get_hisparse_coordinator``: ``coordinator``, the seam (vLLM sets it on its source,
+    resident and hot managers, None on the indexer's)."""
+
+    def __init__(self, manager: HiSparseKVCacheManager, group_id: int, spec: Any, seam: Any) -> None:
+        super().__init__(manager, group_id, spec.block_size, spec)
+        self.coordinator = None if group_id == _INDEXER else seam
+
+
+class _CoordinatorView:
+    """What vLLM's scheduler and connector read of the coordinator: the group views, the
+    block size, and how many device blocks a request needs (``get_num_blocks_to_allocate``)."""
+
+    enable_partial_hash_hits = False
+    eagle_group_ids: tuple[int, ...] = ()
+    retention_interval = None
+
+    def __init__(self, manager: HiSparseKVCacheManager, specs: tuple[Any, ...], seam: HiSparseSeam) -> None:
+        self._manager = manager
+        self.block_size = self.scheduler_block_size = specs[0].block_size
+        self.num_reprefillable_tokens = seam.state.reprefill
+        self.single_type_managers = tuple(_GroupView(manager, g, s, seam) for g, s in enumerate(specs))
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   num_encoder_tokens: int, total_computed_tokens: int,
+                                   num_local_computed_tokens: int, num_tokens_main_model: int,
+                                   apply_admission_cap: bool = False, prefill_end: int = 0) -> int:
+        """vLLM's count for the request (new or not) to cover ``num_tokens`` tokens
+        (``HiSparseState.need``; the row capped at the admission window with
+        ``apply_admission_cap``). UnsupportedByPrefixKV for hits, external and encoder
+        tokens, and a new request with computed tokens (a host prefix)."""
+        state = self._manager.state
+        external = total_computed_tokens > num_local_computed_tokens
+        if any(new_computed_blocks) or num_encoder_tokens or external \
+                or (num_local_computed_tokens and not state.holds(request_id)):
+            _refused("hits, host prefixes, external or encoder tokens")
+        return state.need(request_id, num_tokens, cap=apply_admission_cap)
+
+
+class _BlockPoolView:
+    """What vLLM's scheduler and tests read of the device pool: its free count and usage,
+    and the null block; every other attribute raises UnsupportedByPrefixKV naming it."""
+
+    enable_caching = False
+
+    def __init__(self, manager: HiSparseKVCacheManager, num_blocks: int) -> None:
+        self._state = manager.state
+        self.num_gpu_blocks = num_blocks
+        self.null_block = manager._device[0]
+
+    def get_num_free_blocks(self) -> int:
+        """Free device blocks (unpinned pages counted, as vLLM's)."""
+        return self._state.device.num_free
+
+    def get_usage(self) -> float:
+        """Fraction of the device blocks (vLLM's null block left out) in use."""
+        return 1.0 - self._state.device.num_free / (self.num_gpu_blocks - 1)
+
+    def take_events(self) -> list[Any]:
+        """None: nothing is cached, KV events are refused at construction."""
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        _refused(f"block_pool.{name}")
+
+
+class HiSparseKVCacheManager(KVCacheManager):
+    """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
+    plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state."""
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
+                 hash_block_size: int, max_in_flight_tokens: int | None = None,
+                 enable_caching: bool = True, use_eagle: bool = False,
+                 num_hash_lookahead_tokens: int = 0, num_prefill_lookahead: int = 0,
+                 log_stats: bool = False, enable_kv_cache_events: bool = False,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
+                 watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+        state = hisparse_state(kv_cache_config, max_model_len, enable_caching=enable_caching,
+                               max_in_flight_tokens=max_in_flight_tokens,
+                               num_prefill_lookahead=num_prefill_lookahead)
+        specs = tuple(g.kv_cache_spec for g in kv_cache_config.kv_cache_groups)
+        for what, off in (("KV cache events (enable_kv_cache_events)", enable_kv_cache_events),
+                          ("a KV cache metrics collector", metrics_collector is not None),
+                          ("context parallelism", dcp_world_size != 1 or pcp_world_size != 1),
+                          ("blocks to zero (needs_kv_cache_zeroing)", kv_cache_config.needs_kv_cache_zeroing),
+                          (f"scheduler and hash block sizes {scheduler_block_size}, {hash_block_size} "
+                           f"other than the groups' {state.block_size}",
+                           {scheduler_block_size, hash_block_size} != {state.block_size})):
+            if off:
+                _refused(what)
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.block_size = self.hash_block_size = state.block_size
+        self.enable_caching = False
+        self.enable_kv_cache_events = False
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = None
+        self.num_kv_cache_groups = 4
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids = (_HOST,)  # (vLLM's: the source group retains longer hits)
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.state = state
+        self.seam = HiSparseSeam(state, host_group_id=_HOST)
+        self._device = [KVCacheBlock(i, is_null=not i) for i in range(kv_cache_config.num_blocks)]
+        self._host = [KVCacheBlock(i, is_null=not i) for i in range(len(state.host.blocks))]
+        self.empty_kv_cache_blocks = KVCacheBlocks(((), (), (), ()))
+        self.block_pool = _BlockPoolView(self, kv_cache_config.num_blocks)  # type: ignore[assignment]
+        self.coordinator = _CoordinatorView(self, specs, self.seam)  # type: ignore[assignment]
+        self._rows: dict[str, list[int]] = {}  # request id -> its resident row's ids as allocated
+        self._stats = PrefixCacheStats() if log_stats else None
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the device blocks requests hold."""
+        return self.block_pool.get_usage()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """vLLM's stats since the last ``make_prefix_cache_stats`` (None without ``log_stats``)."""
+        return self._stats
+
+    def live_request_ids(self) -> list[str]:
+        """The requests holding blocks."""
+        return list(self._rows)
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        """0: nothing is cached."""
+        return 0
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's ids per group: host row, indexer, resident row (as allocated: a
+        page lost to host keeps its id there, as in vLLM's), hot region."""
+        if request_id not in self._rows:
+            return [], [], [], []
+        host, indexer, _, hot, _ = self.state.request(request_id)
+        return host, indexer, list(self._rows[request_id]), hot
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """``get_block_ids`` as vLLM's block objects (the host pool's for group 0)."""
+        return self._objects(self.get_block_ids(request_id))
+
+    def _objects(self, ids: tuple[list[int], ...]) -> KVCacheBlocks:
+        if not any(ids):
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple([(self._host if g == _HOST else self._device)[i] for i in group]
+                                   for g, group in enumerate(ids)))
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
+                                          ) -> tuple[list[int], ...]:
+        """The source and indexer ids clipped to ``num_computed_tokens``; the resident and
+        hot groups' whole (vLLM clips attention groups only)."""
+        check_count("num_computed_tokens", num_computed_tokens, 0, None)
+        host, indexer, row, hot = self.get_block_ids(request_id)
+        cut = blocks_for(num_computed_tokens, self.block_size)
+        return host[:cut], indexer[:cut], row, hot
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """0 per group, as vLLM's."""
+        return [0] * 4
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """0: nothing is cached."""
+        return 0
+
+    # ---- lookup: caching is off --------------------------------------------------------------
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """False: caching is off."""
+        return False
+
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
+                            ) -> tuple[KVCacheBlocks, int, int]:
+        """No hit: empty blocks, 0, 0."""
+        return self.empty_kv_cache_blocks, 0, 0
+
+    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
+                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """No hit: empty blocks, 0, 0, False."""
+        return self.empty_kv_cache_blocks, 0, 0, False
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """``blocks`` cut to the first ``num_computed_tokens`` in every group."""
+        cut = num_computed_tokens // self.block_size
+        return KVCacheBlocks(tuple(list(g[:cut]) for g in blocks.blocks))
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Nothing: no lookup runs."""
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """vLLM's stats since the previous call (no lookup is counted); None without ``log_stats``."""
+        if self._stats is None:
+            return None
+        stats, self._stats = self._stats, PrefixCacheStats()
+        return stats
+
+    # ---- allocation and free -----------------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
+                       reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+        """Slots for the request's tokens up to ``num_computed_tokens + num_new_tokens +
+        num_lookahead_tokens`` (at most ``max_model_len``) in every group, all or nothing:
+        the blocks each group took, or None when the device pool (less the watermark for
+        a waiting request and ``reserved_blocks``) or the host pool is short, or the whole
+        request does not fit when ``full_sequence_must_fit`` (its row capped at the
+        admission window). Raises ValueError as vLLM's (nothing to schedule), RequestError
+        for counts that are not ints >= 0, UnsupportedByPrefixKV for hits, external and
+        encoder tokens; nothing changed."""
+        for name, n in (("num_new_tokens", num_new_tokens), ("num_lookahead_tokens", num_lookahead_tokens),
+                        ("reserved_blocks", reserved_blocks)):
+            check_count(name, n, 0, None)
+        if num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens \
+                or (new_computed_blocks is not None and any(new_computed_blocks.blocks)):
+            _refused("hits, external (connector) or encoder tokens in allocate_slots")
+        if not num_new_tokens:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no computed "
+                             "tokens to adopt")
+        rid, state = request.request_id, self.state
+        computed = min(request.num_computed_tokens, self.max_model_len)
+        total = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        keep = self.watermark_blocks if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
+        free = state.device.num_free
+        if full_sequence_must_fit and \
+                state.need(rid, min(request.num_tokens, self.max_model_len), cap=True) + keep > free:
+            return None
+        if state.need(rid, total) + keep > free - reserved_blocks:
+            return None
+        before = [len(g) for g in self.get_block_ids(rid)]
+        got = state.allocate(rid, total)
+        assert got, "HiSparse blocks short after the pools were checked"
+        host, indexer, row, hot, _ = state.request(rid)
+        self._rows.setdefault(rid, []).extend(row[before[_RESIDENT]:])
+        ids = (host, indexer, row, hot)
+        return self._objects(tuple(ids[g][before[g]:] for g in range(4)))
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Nothing: caching is off. Raises RequestError for a count that is not an int >= 0."""
+        check_count("num_computed_tokens", num_computed_tokens, 0, None)
+
+    def free(self, request: Request) -> None:
+        """The request goes (``HiSparseState.free``: its copies in flight keep their blocks
+        until confirmed). A request holding none: nothing happens."""
+        if self._rows.pop(request.request_id, None) is not None:
+            self.state.free(request.request_id)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Refused (UnsupportedByPrefixKV, nothing changed): a HiSparse request's pages
+        go back through the state, not in the caller's order."""
+        _refused("pop_blocks_for_free")
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Nothing: every group keeps all its pages. Raises RequestError for a count that
+        is not an int."""
+        if processed_computed_tokens.__class__ is not int:
+            raise RequestError(f"processed_computed_tokens must be an int, got {processed_computed_tokens!r}")
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Nothing is cached: the ids are checked (RequestError unless device block ids),
+        nothing changes."""
+        for i in block_ids:
+            check_count("a block id", i, 0, len(self._device) - 1)
+
+    def reset_prefix_cache(self) -> bool:
+        """Whether no block of either pool is in use (nothing is cached to drop: vLLM's
+        reset then succeeds, and fails while any is)."""
+        state = self.state
+        if state.device.num_free != len(self._device) - 1 or state.host.num_free != len(self._host) - 1:
+            return False
+        if self._stats is not None:
+            self._stats.reset = True
+        return True
+
+    # ---- the per-step calls: nothing to do -----------------------------------------------------
+
+    def new_step_starts(self) -> None:
+        """Nothing: the seam plans this layout's copies."""
+
+    def take_events(self) -> list[Any]:
+        """[]: KV events are refused at construction."""
+        return []
+
+    def take_new_block_ids(self) -> list[int]:
+        """[]: no block is zeroed (layouts that need it are refused)."""
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Nothing: no block is zeroed."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
+        """No copy on write: ([], [])."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """{}: boundary states are Mamba's."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """[]: partial tails are Mamba's."""
+        return []
+
+
+def _refusal(name: str) -> Any:
+    def refuse(self: HiSparseKVCacheManager, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused(name)
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
+    return refuse
+
+
+for _name in [n for c in KVCacheManager.__mro__[:-1] for n, v in vars(c).items()
+              if not n.startswith("__") and callable(v) and n not in vars(HiSparseKVCacheManager)]:
+    setattr(HiSparseKVCacheManager, _name, _refusal(_name))
