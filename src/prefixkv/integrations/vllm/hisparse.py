@@ -7,11 +7,11 @@ whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
 Served, in the scope of that state (prefix caching off, one resident and one hot group,
 no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
-``has_pending_work`` and ``all_context_pages_resident``; every other call of vLLM's
-coordinator, and every attribute it would read, raises UnsupportedByPrefixKV naming it.
+``has_pending_work``, ``has_pending_reclamation`` and ``all_context_pages_resident``;
+every other call of vLLM's coordinator, and every attribute it would read or set, raises
+UnsupportedByPrefixKV naming it (a call may be replaced, as a test's monkeypatch does).
 Checked against vLLM's coordinator side by side: tests/engines/test_vllm_hisparse_seam.py.
-Not bound to prefixkv's plug-in manager yet: a HiSparse layout is still refused there at
-construction (layout.py).
+Bound to the plug-in's manager by hisparse_manager.py (its group views hold the seam).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .layout import UnsupportedByPrefixKV
 __all__ = ["SERVED", "HiSparseSeam", "hisparse_state"]
 
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
-          "all_context_pages_resident")
+          "has_pending_reclamation", "all_context_pages_resident")
 _SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
           "no external loads (docs/integration.md, \"HiSparse\")")
 
@@ -105,6 +105,11 @@ class HiSparseSeam(HiSparseCoordinator):
         """Whether a copy is still to be sent or confirmed."""
         return self.state.spills.has_work()
 
+    def has_pending_reclamation(self) -> bool:
+        """Whether a copy in flight gives blocks back once confirmed (``HiSparseState.reclaims``):
+        vLLM's scheduler then waits for it rather than preempt."""
+        return self.state.reclaims()
+
     def all_context_pages_resident(self, requests: Iterable[tuple[str, int, int]]) -> bool:
         """Whether each (request, computed, scheduled) reads only pages on the device: its
         row covers the tokens and lost none of its pages."""
@@ -120,7 +125,11 @@ class HiSparseSeam(HiSparseCoordinator):
         _refused(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        _refused(f"setting {name}")
+        """Only a call of the class may be replaced (a test's monkeypatch); setting any
+        other attribute (vLLM's state) raises UnsupportedByPrefixKV naming it."""
+        if not callable(getattr(type(self), name, None)):
+            _refused(f"setting {name}")
+        object.__setattr__(self, name, value)
 
 
 def _refusal(name: str) -> Any:
