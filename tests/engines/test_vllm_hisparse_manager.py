@@ -106,8 +106,8 @@ def compare(theirs: Any, ours: Any, coordinators: Any, reqs: list[Any]) -> None:
     for m in (theirs, ours):
         assert m.block_pool.get_num_free_blocks() == theirs.block_pool.get_num_free_blocks()
         assert m.usage == pytest.approx(theirs.usage)
-    assert [c.has_pending_work() for c in coordinators] == [coordinators[0].has_pending_work()] * 2
-    assert [c.has_pending_reclamation() for c in coordinators] == [coordinators[0].has_pending_reclamation()] * 2
+    for call in ("has_pending_work", "has_pending_reclamation"):
+        assert getattr(coordinators[1], call)() == getattr(coordinators[0], call)(), call
     for req in reqs:
         rid, computed = req.request_id, req.num_computed_tokens
         assert ours.get_block_ids(rid) == theirs.get_block_ids(rid)
