@@ -22,6 +22,8 @@ from . import skip_module_without_vllm
 
 skip_module_without_vllm()
 
+from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
+
 from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV  # noqa: E402
 
 from .hisparse_model import BS, MAX_LEN  # noqa: E402
@@ -33,7 +35,11 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("decode"), st.integers(0, 2), st.integers(1, 3), st.integers(0, 7)),
     st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1)),
     st.tuples(st.just("free"), st.integers(0, 2), st.just(0), st.just(0)),
-    st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0))), min_size=4, max_size=40)
+    st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.just(0)),
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("hot"), st.integers(0, 2), st.just(0), st.just(0)),
+    st.tuples(st.just("sync"), st.integers(0, 7), st.just(0), st.just(0))), min_size=4, max_size=40)
 
 
 def _ids(blocks: Any) -> Any:
@@ -47,9 +53,10 @@ def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: 
     must fit, 2 with ``lookahead`` slots, 4 with 2 reserved blocks); ``decode`` (a step
     of one token once the prompt is computed, ``n`` output tokens appended); ``confirm``
     the copies of mask ``a`` (one worker, or two with one completing when ``f``);
-    ``free`` request ``a`` (a new one takes its place); ``reset`` the cache. Returns what
-    happened."""
-    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+    ``free`` request ``a`` (a new one takes its place); ``reset`` the cache; another
+    user's ``take`` of ``a`` device blocks and ``give_back`` of all it took; ``hot``: live
+    request ``a`` asked to take its hot region; ``sync``: the residency updates of the
+    requests of mask ``a``. Returns what happened."""
     from vllm.v1.request import RequestStatus
 
     kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "watermark": watermark}
@@ -58,6 +65,7 @@ def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: 
     coordinators = get_hisparse_coordinator(theirs), get_hisparse_coordinator(ours)
     reqs = [make_request(f"q{k}", list(range(1000 * k, 1000 * k + 24 + 40 * k))) for k in range(3)]
     seen: set[str] = set()
+    taken: list[list[Any]] = [[], []]
     for i, (op, a, n, f) in enumerate(ops):
         if op in ("step", "decode"):
             req = reqs[a]
@@ -94,8 +102,26 @@ def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: 
             done = theirs.reset_prefix_cache()
             assert ours.reset_prefix_cache() == done
             seen.add(f"reset {done}")
+        elif op == "take":
+            k = min(a, theirs.block_pool.get_num_free_blocks())
+            for side, m in enumerate((theirs, ours)):
+                taken[side] += m.block_pool.get_new_blocks(k)
+            assert [b.block_id for b in taken[1]] == [b.block_id for b in taken[0]]
+        elif op == "give_back":
+            for side, m in enumerate((theirs, ours)):
+                m.block_pool.free_blocks(taken[side])
+            taken = [[], []]
+        elif op == "hot" and theirs.get_block_ids(reqs[a].request_id)[0]:
+            for c in coordinators:
+                c.hot_managers[0].require_hot(reqs[a].request_id)
+            seen.add("hot asked")
+        elif op == "sync":
+            asked = [r.request_id for k, r in enumerate(reqs) if a >> k & 1]
+            updates = [c.take_residency_updates(asked) for c in coordinators]
+            assert updates[1] == updates[0]
+            seen.add("synced" if updates[0] else "nothing to sync")
         compare(theirs, ours, coordinators, reqs)
-        ours.state.check_invariants()
+        ours.state.check_invariants(list(ours.block_pool.taken.values()))
         if ours.state.device.unpinned:
             seen.add("unpinned")
     return seen
@@ -108,6 +134,9 @@ def compare(theirs: Any, ours: Any, coordinators: Any, reqs: list[Any]) -> None:
         assert m.usage == pytest.approx(theirs.usage)
     for call in ("has_pending_work", "has_pending_reclamation"):
         assert getattr(coordinators[1], call)() == getattr(coordinators[0], call)(), call
+    assert len(coordinators[1].pending_spills) == len(coordinators[0].pending_spills)
+    pools = [c.get_host_block_pool() for c in coordinators]
+    assert [p.get_num_free_blocks() for p in pools] == [pools[0].get_num_free_blocks()] * 2
     for req in reqs:
         rid, computed = req.request_id, req.num_computed_tokens
         assert ours.get_block_ids(rid) == theirs.get_block_ids(rid)
@@ -118,6 +147,15 @@ def compare(theirs: Any, ours: Any, coordinators: Any, reqs: list[Any]) -> None:
             asked = ((rid, computed, scheduled),)
             assert coordinators[1].all_context_pages_resident(asked) == \
                 coordinators[0].all_context_pages_resident(asked)
+            mirrors = ((rid, max(computed - 5, 0), scheduled + 5),)
+            assert coordinators[1].build_row_mirrors(mirrors) == coordinators[0].build_row_mirrors(mirrors)
+        rows = [[b.block_id for b in c.resident_managers[0].get_residency_row(rid)] for c in coordinators]
+        assert rows[1] == rows[0]
+        assert [c.hot_managers[0].has_hot(rid) for c in coordinators] == \
+            [coordinators[0].hot_managers[0].has_hot(rid)] * 2
+        for c in coordinators:
+            assert {r: [b.block_id for b in bs] for r, bs in c.host_manager.req_to_blocks.items() if bs} == \
+                {r: [b.block_id for b in bs] for r, bs in coordinators[0].host_manager.req_to_blocks.items() if bs}
         if computed:  # (the scheduler's count for a running request: _request_remaining_blocks)
             need = [m.coordinator.get_num_blocks_to_allocate(
                 request_id=rid, num_tokens=req.num_tokens, new_computed_blocks=((), (), (), ()),
@@ -146,6 +184,23 @@ def test_a_scenario_answers_as_vllm() -> None:
     assert {"stepped", "refused", "unpinned", "reset False", "reset True"} <= seen, seen
 
 
+def test_another_user_a_hot_region_asked_for_and_residency_answer_as_vllm() -> None:
+    """A request asked to take its hot region (vLLM's ``require_hot``) unpins its clean
+    pages; another user takes them from the pool (lost to host) and gives blocks back; the
+    residency updates tell the lost pages, then only what changed."""
+    every = 2**16 - 1
+    seen = side_by_side(24, 16, 2, MAX_LEN, 0.0, 1, [
+        ("step", 1, 48, 0), ("sync", 2, 0, 0), ("hot", 1, 0, 0), ("step", 1, 8, 0), ("confirm", every, 0, 0),
+        ("sync", 2, 0, 0), ("take", 8, 0, 0), ("sync", 2, 0, 0), ("take", 4, 0, 0), ("sync", 7, 0, 0),
+        ("give_back", 0, 0, 0), ("step", 0, 16, 0), ("sync", 7, 0, 0), ("free", 1, 0, 0), ("sync", 7, 0, 0)])
+    assert {"hot asked", "unpinned", "synced", "nothing to sync"} <= seen, seen
+    # the last page the workers were told of is lost once the row grew two pages past it
+    seen = side_by_side(16, 16, 2, MAX_LEN, 0.0, 1, [
+        ("step", 1, 32, 0), ("sync", 2, 0, 0), ("hot", 1, 0, 0), ("step", 1, 32, 0), ("confirm", every, 0, 0),
+        ("take", 8, 0, 0), ("sync", 2, 0, 0)])
+    assert {"unpinned", "synced"} <= seen, seen
+
+
 def test_the_watermark_keeps_a_waiting_request_out_as_vllm() -> None:
     """A waiting request's step that fits the pool but not the watermark above it (3 of
     12 blocks) is refused; a smaller one is taken; then steps the pool is short of."""
@@ -167,8 +222,6 @@ def test_random_streams_answer_as_vllm(num_blocks: int, host_blocks: int, hot_bl
 def test_the_layout_gets_the_hisparse_manager_and_its_seam() -> None:
     """``KVCacheManager(...)`` with a HiSparse host pool is the HiSparse manager, whose
     seam ``get_hisparse_coordinator`` finds; a plain layout keeps the plain class."""
-    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
-
     from prefixkv.integrations.vllm.hisparse import HiSparseSeam
     from prefixkv.integrations.vllm.hisparse_manager import HiSparseKVCacheManager
 
@@ -176,14 +229,21 @@ def test_the_layout_gets_the_hisparse_manager_and_its_seam() -> None:
     assert type(ours) is HiSparseKVCacheManager
     assert isinstance(get_hisparse_coordinator(ours), HiSparseSeam)
     assert get_hisparse_coordinator(ours).state is ours.state
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    plain = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], hisparse_config().kv_cache_groups[1].kv_cache_spec)])
+    assert type(_plugin_manager(plain)) is KVCacheManager
 
 
 @pytest.mark.parametrize(("call", "named"), [
     (lambda m, r: m.allocate_slots(r, 16, num_external_computed_tokens=16), "external"),
     (lambda m, r: m.allocate_slots(r, 16, num_encoder_tokens=16), "encoder"),
     (lambda m, r: m.pop_blocks_for_free(r), "pop_blocks_for_free"),
-    (lambda m, r: m.block_pool.get_new_blocks(1), "block_pool.get_new_blocks"),
-    (lambda m, r: m.block_pool.free_blocks([]), "block_pool.free_blocks"),
+    (lambda m, r: m.block_pool.evict_blocks({1}), "block_pool.evict_blocks"),
+    (lambda m, r: get_hisparse_coordinator(m).hot_managers[0].require_hot("r"), "require_hot"),
+    (lambda m, r: get_hisparse_coordinator(m).request_states, "request_states"),
+    (lambda m, r: get_hisparse_coordinator(m).resident_managers[0].residency_changes, "residency_changes"),
     (lambda m, r: m.key_of(r.request_id), "key_of"),
 ])
 def test_what_the_manager_does_not_serve_is_refused_by_name(call: Any, named: str) -> None:
@@ -192,6 +252,7 @@ def test_what_the_manager_does_not_serve_is_refused_by_name(call: Any, named: st
     with pytest.raises(UnsupportedByPrefixKV, match=named):
         call(ours, req)
     assert ours.get_block_ids("r") == ([], [], [], [])
+    assert get_hisparse_coordinator(ours).get_host_block_pool().get_num_free_blocks() == 15
 
 
 @pytest.mark.parametrize(("kw", "named"), [

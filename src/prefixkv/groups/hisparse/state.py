@@ -32,9 +32,10 @@ __all__ = ["HiSparseState"]
 
 class _Request:
     """One request's blocks: its host row, indexer pages, resident row (None: a page the
-    pool reused, read from host) and hot region."""
+    pool reused, read from host) and hot region; ``synced``: the row's pages the workers
+    were told of (``take_residency``), ``stale`` those of them lost since."""
 
-    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required")
+    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required", "synced", "stale")
 
     def __init__(self) -> None:
         self.host: list[Block] = []
@@ -43,6 +44,8 @@ class _Request:
         self.row = ResidentRow()
         self.hot: list[Block] = []
         self.hot_required = False
+        self.synced = 0
+        self.stale: set[int] = set()
 
 
 class HiSparseState:
@@ -171,6 +174,24 @@ class HiSparseState:
         r.row.lose(page)
         r.blocks[page] = None
         r.hot_required = True
+        if page < r.synced:
+            r.stale.add(page)
+
+    def require_hot(self, key: Hashable) -> None:
+        """``key`` takes its hot region with its next allocation (vLLM's ``require_hot``)."""
+        self._get(key).hot_required = True
+
+    def take_residency(self, key: Hashable) -> tuple[list[int], list[int]] | None:
+        """What the workers lack of ``key``'s row: the pages lost since they were told,
+        then those added since, with their device block ids (0: read from host); None
+        when nothing changed or ``key`` holds no blocks. They are told now."""
+        r = self._requests.get(key)
+        if r is None or (not r.stale and r.synced >= len(r.blocks)):
+            return None
+        pages = [*sorted(r.stale), *range(r.synced, len(r.blocks))]
+        r.stale.clear()
+        r.synced = len(r.blocks)
+        return pages, [0 if (b := r.blocks[p]) is None else b.block_id for p in pages]
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copies planned since the last call, in order: (copy id, device block id,

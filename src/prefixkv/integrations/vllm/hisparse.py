@@ -16,11 +16,16 @@ Bound to the plug-in's manager by hisparse_manager.py (its group views hold the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
-from vllm.v1.hisparse.types import SparseKVOffloadCommand, SparseKVPageTransfer
+from vllm.v1.hisparse.types import (
+    SparseKVOffloadCommand,
+    SparseKVPageTransfer,
+    SparseKVResidencyUpdate,
+    SparseKVRowMirror,
+)
 from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KVCacheConfig, KVCacheGroupRole
 
 from prefixkv.core.block import blocks_for
@@ -31,7 +36,8 @@ from .layout import UnsupportedByPrefixKV
 __all__ = ["SERVED", "HiSparseSeam", "hisparse_state"]
 
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
-          "has_pending_reclamation", "all_context_pages_resident")
+          "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
+          "build_row_mirrors", "get_host_block_pool")
 _SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
           "no external loads (docs/integration.md, \"HiSparse\")")
 
@@ -78,11 +84,78 @@ class HiSparseSeam(HiSparseCoordinator):
     def __init__(self, state: HiSparseState, host_group_id: int = 0) -> None:  # (not vLLM's)
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "host_group_id", host_group_id)
+        object.__setattr__(self, "_groups", None)
+
+    def bind(self, groups: Sequence[Any], host_pool: Any) -> None:
+        """The manager's group views (source, indexer, resident, hot: hisparse_groups.py)
+        and host pool view, which vLLM's coordinator reads as its managers and pool."""
+        object.__setattr__(self, "_groups", (tuple(groups), host_pool))
+
+    def _bound(self, name: str) -> tuple[tuple[Any, ...], Any]:
+        if self._groups is None:
+            _refused(f"{name} (no manager bound)")
+        return self._groups  # type: ignore[no-any-return]
 
     @property
     def state(self) -> HiSparseState:
         """prefixkv's state behind the seam."""
         return self._state
+
+    @property
+    def host_manager(self) -> Any:
+        """The source group's view (vLLM's ``HiSparseSourceManager``)."""
+        return self._bound("host_manager")[0][self.host_group_id]
+
+    @property
+    def resident_managers(self) -> tuple[Any, ...]:
+        """The resident group's view (vLLM's ``HiSparseResidentManager``)."""
+        return self._bound("resident_managers")[0][2:3]
+
+    @property
+    def hot_managers(self) -> tuple[Any, ...]:
+        """The hot group's view (vLLM's ``HiSparseHotManager``)."""
+        return self._bound("hot_managers")[0][3:4]
+
+    @property
+    def pending_spills(self) -> Mapping[int, Any]:
+        """The copies in flight, read-only: id -> (request, page)."""
+        return self.state.spills.flight
+
+    def get_host_block_pool(self) -> Any:
+        """The host pool's view (its free count, usage, blocks)."""
+        return self._bound("get_host_block_pool")[1]
+
+    def take_residency_updates(self, request_ids: Iterable[str]) -> dict[str, SparseKVResidencyUpdate]:
+        """What the workers lack of each request's resident row: its pages lost since
+        the last update, then those added since, with their block ids (0: read from
+        host); requests with nothing new left out (``HiSparseState.take_residency``)."""
+        out = {}
+        for request_id in request_ids:
+            got = self.state.take_residency(request_id)
+            if got is not None:
+                out[request_id] = SparseKVResidencyUpdate(pages=got[0], block_ids=(got[1],))
+        return out
+
+    def build_row_mirrors(self, requests: Iterable[tuple[str, int, int]]) -> tuple[SparseKVRowMirror, ...]:
+        """For each (request, start, count): the spans of its positions ``start`` to
+        ``start + count`` to copy from its resident pages to their host pages, a span per
+        page (rows ``page * block_size + offset``); pages not on the device or past the
+        rows left out, as requests holding no blocks."""
+        state, bs = self.state, self.state.block_size
+        out = []
+        for request_id, start, count in requests:
+            if not state.holds(request_id):
+                continue
+            host, _, row, _, _ = state.request(request_id)
+            pos, end = start, start + count
+            while pos < end:
+                page, offset = divmod(pos, bs)
+                n = min(bs - offset, end - pos)
+                if page < len(row) and row[page] and page < len(host):
+                    out.append(SparseKVRowMirror(source_starts=(row[page] * bs + offset,),
+                                                 destination_start=host[page] * bs + offset, num_rows=n))
+                pos += n
+        return tuple(out)
 
     def advance_scheduled(self, requests: Iterable[tuple[str, int]]) -> None:
         """Each scheduled request's step to its number of tokens computed: copies planned,
@@ -140,5 +213,5 @@ def _refusal(name: str) -> Any:
     return refuse
 
 
-for _name in [n for n in vars(HiSparseCoordinator) if not n.startswith("__") and n not in SERVED]:
+for _name in [n for n in vars(HiSparseCoordinator) if not n.startswith("__") and n not in vars(HiSparseSeam)]:
     setattr(HiSparseSeam, _name, _refusal(_name))

@@ -30,87 +30,11 @@ from vllm.v1.request import Request, RequestStatus
 from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
 
-from .coordinator import GroupView
 from .hisparse import HiSparseSeam, hisparse_state
-from .layout import UnsupportedByPrefixKV
+from .hisparse_groups import HOST, RESIDENT, CoordinatorView, DevicePoolView, HostPoolView, refused
 from .manager import KVCacheManager
 
 __all__ = ["HiSparseKVCacheManager"]
-
-_HOST, _INDEXER, _RESIDENT, _HOT = range(4)
-
-
-def _refused(what: str) -> NoReturn:
-    raise UnsupportedByPrefixKV(f"prefixkv's HiSparse manager does not serve {what} (it serves "
-                                f"prefix caching off; docs/integration.md, \"HiSparse\")")
-
-
-class _GroupView(GroupView):
-    """A group of the layout as vLLM's HiSparse managers show it to
-    ``get_hisparse_coordinator``: ``coordinator``, the seam (vLLM sets it on its source,
-    resident and hot managers, None on the indexer's)."""
-
-    def __init__(self, manager: HiSparseKVCacheManager, group_id: int, spec: Any, seam: Any) -> None:
-        super().__init__(manager, group_id, spec.block_size, spec)
-        self.coordinator = None if group_id == _INDEXER else seam
-
-
-class _CoordinatorView:
-    """What vLLM's scheduler and connector read of the coordinator: the group views, the
-    block size, and how many device blocks a request needs (``get_num_blocks_to_allocate``)."""
-
-    enable_partial_hash_hits = False
-    eagle_group_ids: tuple[int, ...] = ()
-    retention_interval = None
-
-    def __init__(self, manager: HiSparseKVCacheManager, specs: tuple[Any, ...], seam: HiSparseSeam) -> None:
-        self._manager = manager
-        self.block_size = self.scheduler_block_size = specs[0].block_size
-        self.num_reprefillable_tokens = seam.state.reprefill
-        self.single_type_managers = tuple(_GroupView(manager, g, s, seam) for g, s in enumerate(specs))
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
-                                   num_encoder_tokens: int, total_computed_tokens: int,
-                                   num_local_computed_tokens: int, num_tokens_main_model: int,
-                                   apply_admission_cap: bool = False, prefill_end: int = 0) -> int:
-        """vLLM's count for the request (new or not) to cover ``num_tokens`` tokens
-        (``HiSparseState.need``; the row capped at the admission window with
-        ``apply_admission_cap``). UnsupportedByPrefixKV for hits, external and encoder
-        tokens, and a new request with computed tokens (a host prefix)."""
-        state = self._manager.state
-        external = total_computed_tokens > num_local_computed_tokens
-        if any(new_computed_blocks) or num_encoder_tokens or external \
-                or (num_local_computed_tokens and not state.holds(request_id)):
-            _refused("hits, host prefixes, external or encoder tokens")
-        return state.need(request_id, num_tokens, cap=apply_admission_cap)
-
-
-class _BlockPoolView:
-    """What vLLM's scheduler and tests read of the device pool: its free count and usage,
-    and the null block; every other attribute raises UnsupportedByPrefixKV naming it."""
-
-    enable_caching = False
-
-    def __init__(self, manager: HiSparseKVCacheManager, num_blocks: int) -> None:
-        self._state = manager.state
-        self.num_gpu_blocks = num_blocks
-        self.null_block = manager._device[0]
-
-    def get_num_free_blocks(self) -> int:
-        """Free device blocks (unpinned pages counted, as vLLM's)."""
-        return self._state.device.num_free
-
-    def get_usage(self) -> float:
-        """Fraction of the device blocks (vLLM's null block left out) in use."""
-        return 1.0 - self._state.device.num_free / (self.num_gpu_blocks - 1)
-
-    def take_events(self) -> list[Any]:
-        """None: nothing is cached, KV events are refused at construction."""
-        return []
-
-    def __getattr__(self, name: str) -> Any:
-        _refused(f"block_pool.{name}")
-
 
 class HiSparseKVCacheManager(KVCacheManager):
     """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
@@ -135,7 +59,7 @@ class HiSparseKVCacheManager(KVCacheManager):
                            f"other than the groups' {state.block_size}",
                            {scheduler_block_size, hash_block_size} != {state.block_size})):
             if off:
-                _refused(what)
+                refused(what)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = self.hash_block_size = state.block_size
@@ -146,15 +70,17 @@ class HiSparseKVCacheManager(KVCacheManager):
         self.metrics_collector = None
         self.num_kv_cache_groups = 4
         self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids = (_HOST,)  # (vLLM's: the source group retains longer hits)
+        self.retained_hit_group_ids = (HOST,)  # (vLLM's: the source group retains longer hits)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.state = state
-        self.seam = HiSparseSeam(state, host_group_id=_HOST)
         self._device = [KVCacheBlock(i, is_null=not i) for i in range(kv_cache_config.num_blocks)]
         self._host = [KVCacheBlock(i, is_null=not i) for i in range(len(state.host.blocks))]
         self.empty_kv_cache_blocks = KVCacheBlocks(((), (), (), ()))
-        self.block_pool = _BlockPoolView(self, kv_cache_config.num_blocks)  # type: ignore[assignment]
-        self.coordinator = _CoordinatorView(self, specs, self.seam)  # type: ignore[assignment]
+        self.block_pool = DevicePoolView(state, self._device)  # type: ignore[assignment]
+        self.host_pool = HostPoolView(state, self._host, "the host pool")
+        self.seam = HiSparseSeam(state, host_group_id=HOST)
+        self.coordinator = CoordinatorView(self, specs, self.seam)  # type: ignore[assignment]
+        self.seam.bind(self.coordinator.single_type_managers, self.host_pool)
         self._rows: dict[str, list[int]] = {}  # request id -> its resident row's ids as allocated
         self._stats = PrefixCacheStats() if log_stats else None
 
@@ -193,7 +119,7 @@ class HiSparseKVCacheManager(KVCacheManager):
     def _objects(self, ids: tuple[list[int], ...]) -> KVCacheBlocks:
         if not any(ids):
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks(tuple([(self._host if g == _HOST else self._device)[i] for i in group]
+        return KVCacheBlocks(tuple([(self._host if g == HOST else self._device)[i] for i in group]
                                    for g, group in enumerate(ids)))
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
@@ -265,7 +191,7 @@ class HiSparseKVCacheManager(KVCacheManager):
             check_count(name, n, 0, None)
         if num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens \
                 or (new_computed_blocks is not None and any(new_computed_blocks.blocks)):
-            _refused("hits, external (connector) or encoder tokens in allocate_slots")
+            refused("hits, external (connector) or encoder tokens in allocate_slots")
         if not num_new_tokens:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed "
                              "tokens to adopt")
@@ -284,7 +210,7 @@ class HiSparseKVCacheManager(KVCacheManager):
         got = state.allocate(rid, total)
         assert got, "HiSparse blocks short after the pools were checked"
         host, indexer, row, hot, _ = state.request(rid)
-        self._rows.setdefault(rid, []).extend(row[before[_RESIDENT]:])
+        self._rows.setdefault(rid, []).extend(row[before[RESIDENT]:])
         ids = (host, indexer, row, hot)
         return self._objects(tuple(ids[g][before[g]:] for g in range(4)))
 
@@ -301,7 +227,7 @@ class HiSparseKVCacheManager(KVCacheManager):
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Refused (UnsupportedByPrefixKV, nothing changed): a HiSparse request's pages
         go back through the state, not in the caller's order."""
-        _refused("pop_blocks_for_free")
+        refused("pop_blocks_for_free")
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
@@ -357,7 +283,7 @@ class HiSparseKVCacheManager(KVCacheManager):
 
 def _refusal(name: str) -> Any:
     def refuse(self: HiSparseKVCacheManager, *args: Any, **kwargs: Any) -> NoReturn:
-        _refused(name)
+        refused(name)
     refuse.__name__ = refuse.__qualname__ = name
     refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
     return refuse
