@@ -153,9 +153,9 @@ def compare(theirs: Any, ours: Any, coordinators: Any, reqs: list[Any]) -> None:
         assert rows[1] == rows[0]
         assert [c.hot_managers[0].has_hot(rid) for c in coordinators] == \
             [coordinators[0].hot_managers[0].has_hot(rid)] * 2
-        for c in coordinators:
-            assert {r: [b.block_id for b in bs] for r, bs in c.host_manager.req_to_blocks.items() if bs} == \
-                {r: [b.block_id for b in bs] for r, bs in coordinators[0].host_manager.req_to_blocks.items() if bs}
+        hosts = [{r: [b.block_id for b in bs] for r, bs in c.host_manager.req_to_blocks.items() if bs}
+                 for c in coordinators]
+        assert hosts[1] == hosts[0]
         if computed:  # (the scheduler's count for a running request: _request_remaining_blocks)
             need = [m.coordinator.get_num_blocks_to_allocate(
                 request_id=rid, num_tokens=req.num_tokens, new_computed_blocks=((), (), (), ()),
