@@ -16,7 +16,7 @@ Bound to the plug-in's manager by hisparse_manager.py (its group views hold the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
@@ -33,7 +33,7 @@ from prefixkv.groups.hisparse.state import HiSparseState
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["SERVED", "HiSparseSeam", "hisparse_state"]
+__all__ = ["SERVED", "HiSparseSeam", "hisparse_state", "refuse_the_rest"]
 
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
           "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
@@ -205,13 +205,18 @@ class HiSparseSeam(HiSparseCoordinator):
         object.__setattr__(self, name, value)
 
 
-def _refusal(name: str) -> Any:
-    def refuse(self: HiSparseSeam, *args: Any, **kwargs: Any) -> NoReturn:
-        _refused(name)
-    refuse.__name__ = refuse.__qualname__ = name
-    refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
-    return refuse
+def refuse_the_rest(cls: type, names: Iterable[str], refuse: Callable[[str], NoReturn]) -> None:
+    """Give ``cls`` a method for each of ``names`` it does not define, which calls
+    ``refuse(name)`` (UnsupportedByPrefixKV naming the call)."""
+    def refusal(name: str) -> Any:
+        def refused(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+            refuse(name)
+        refused.__name__ = refused.__qualname__ = name
+        refused.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
+        return refused
+
+    for name in [n for n in names if not n.startswith("__") and n not in vars(cls)]:
+        setattr(cls, name, refusal(name))
 
 
-for _name in [n for n in vars(HiSparseCoordinator) if not n.startswith("__") and n not in vars(HiSparseSeam)]:
-    setattr(HiSparseSeam, _name, _refusal(_name))
+refuse_the_rest(HiSparseSeam, vars(HiSparseCoordinator), _refused)

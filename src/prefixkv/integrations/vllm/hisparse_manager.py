@@ -19,7 +19,8 @@ vLLM's manager side by side: tests/engines/test_vllm_hisparse_manager.py.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import inspect
+from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -30,30 +31,33 @@ from vllm.v1.request import Request, RequestStatus
 from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
 
-from .hisparse import HiSparseSeam, hisparse_state
+from .hisparse import HiSparseSeam, hisparse_state, refuse_the_rest
 from .hisparse_groups import HOST, RESIDENT, CoordinatorView, DevicePoolView, HostPoolView, refused
 from .manager import KVCacheManager
 
 __all__ = ["HiSparseKVCacheManager"]
+
+_SIGNATURE = inspect.signature(KVCacheManager.__init__)
+_SLOTS = inspect.signature(KVCacheManager.allocate_slots)
 
 class HiSparseKVCacheManager(KVCacheManager):
     """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
     plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state."""
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
-                 hash_block_size: int, max_in_flight_tokens: int | None = None,
-                 enable_caching: bool = True, use_eagle: bool = False,
-                 num_hash_lookahead_tokens: int = 0, num_prefill_lookahead: int = 0,
-                 log_stats: bool = False, enable_kv_cache_events: bool = False,
-                 dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
-                 watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
-        state = hisparse_state(kv_cache_config, max_model_len, enable_caching=enable_caching,
-                               max_in_flight_tokens=max_in_flight_tokens,
-                               num_prefill_lookahead=num_prefill_lookahead)
+                 hash_block_size: int, *args: Any, **kwargs: Any) -> None:
+        """The base class's arguments (by position or by name: ``KVCacheManager.__init__``)."""
+        a = _SIGNATURE.bind(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                            *args, **kwargs)
+        a.apply_defaults()
+        o = a.arguments
+        state = hisparse_state(kv_cache_config, max_model_len, enable_caching=o["enable_caching"],
+                               max_in_flight_tokens=o["max_in_flight_tokens"],
+                               num_prefill_lookahead=o["num_prefill_lookahead"])
         specs = tuple(g.kv_cache_spec for g in kv_cache_config.kv_cache_groups)
-        for what, off in (("KV cache events (enable_kv_cache_events)", enable_kv_cache_events),
-                          ("a KV cache metrics collector", metrics_collector is not None),
-                          ("context parallelism", dcp_world_size != 1 or pcp_world_size != 1),
+        for what, off in (("KV cache events (enable_kv_cache_events)", o["enable_kv_cache_events"]),
+                          ("a KV cache metrics collector", o["metrics_collector"] is not None),
+                          ("context parallelism", o["dcp_world_size"] != 1 or o["pcp_world_size"] != 1),
                           ("blocks to zero (needs_kv_cache_zeroing)", kv_cache_config.needs_kv_cache_zeroing),
                           (f"scheduler and hash block sizes {scheduler_block_size}, {hash_block_size} "
                            f"other than the groups' {state.block_size}",
@@ -65,13 +69,13 @@ class HiSparseKVCacheManager(KVCacheManager):
         self.block_size = self.hash_block_size = state.block_size
         self.enable_caching = False
         self.enable_kv_cache_events = False
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
+        self.use_eagle = o["use_eagle"]
+        self.log_stats = log_stats = o["log_stats"]
         self.metrics_collector = None
         self.num_kv_cache_groups = 4
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids = (HOST,)  # (vLLM's: the source group retains longer hits)
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.watermark_blocks = int(o["watermark"] * kv_cache_config.num_blocks)
         self.state = state
         self._device = [KVCacheBlock(i, is_null=not i) for i in range(kv_cache_config.num_blocks)]
         self._host = [KVCacheBlock(i, is_null=not i) for i in range(len(state.host.blocks))]
@@ -172,25 +176,25 @@ class HiSparseKVCacheManager(KVCacheManager):
 
     # ---- allocation and free -----------------------------------------------------------------
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
-                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
-                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
-                       reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
-                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+    def allocate_slots(self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any
+                       ) -> KVCacheBlocks | None:
         """Slots for the request's tokens up to ``num_computed_tokens + num_new_tokens +
-        num_lookahead_tokens`` (at most ``max_model_len``) in every group, all or nothing:
-        the blocks each group took, or None when the device pool (less the watermark for
-        a waiting request and ``reserved_blocks``) or the host pool is short, or the whole
-        request does not fit when ``full_sequence_must_fit`` (its row capped at the
-        admission window). Raises ValueError as vLLM's (nothing to schedule), RequestError
-        for counts that are not ints >= 0, UnsupportedByPrefixKV for hits, external and
-        encoder tokens; nothing changed."""
+        num_lookahead_tokens`` (at most ``max_model_len``) in every group, all or nothing
+        (the other arguments: the base class's, by position or by name): the blocks each
+        group took, or None when the device pool (less the watermark for a waiting request
+        and ``reserved_blocks``) or the host pool is short, or the whole request does not
+        fit when ``full_sequence_must_fit`` (its row capped at the admission window).
+        Raises ValueError as vLLM's (nothing to schedule), RequestError for counts that are
+        not ints >= 0, UnsupportedByPrefixKV for hits, external and encoder tokens; nothing
+        changed."""
+        a = _SLOTS.bind(self, request, num_new_tokens, *args, **kwargs).arguments
+        num_lookahead_tokens, reserved_blocks = a.get("num_lookahead_tokens", 0), a.get("reserved_blocks", 0)
         for name, n in (("num_new_tokens", num_new_tokens), ("num_lookahead_tokens", num_lookahead_tokens),
                         ("reserved_blocks", reserved_blocks)):
             check_count(name, n, 0, None)
-        if num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens \
-                or (new_computed_blocks is not None and any(new_computed_blocks.blocks)):
+        hit = a.get("new_computed_blocks")
+        if a.get("num_new_computed_tokens") or a.get("num_external_computed_tokens") \
+                or a.get("num_encoder_tokens") or (hit is not None and any(hit.blocks)):
             refused("hits, external (connector) or encoder tokens in allocate_slots")
         if not num_new_tokens:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed "
@@ -198,10 +202,10 @@ class HiSparseKVCacheManager(KVCacheManager):
         rid, state = request.request_id, self.state
         computed = min(request.num_computed_tokens, self.max_model_len)
         total = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        keep = self.watermark_blocks if has_scheduled_reqs and request.status in (
+        keep = self.watermark_blocks if a.get("has_scheduled_reqs", True) and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
         free = state.device.num_free
-        if full_sequence_must_fit and \
+        if a.get("full_sequence_must_fit") and \
                 state.need(rid, min(request.num_tokens, self.max_model_len), cap=True) + keep > free:
             return None
         if state.need(rid, total) + keep > free - reserved_blocks:
@@ -281,14 +285,5 @@ class HiSparseKVCacheManager(KVCacheManager):
         return []
 
 
-def _refusal(name: str) -> Any:
-    def refuse(self: HiSparseKVCacheManager, *args: Any, **kwargs: Any) -> NoReturn:
-        refused(name)
-    refuse.__name__ = refuse.__qualname__ = name
-    refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
-    return refuse
-
-
-for _name in [n for c in KVCacheManager.__mro__[:-1] for n, v in vars(c).items()
-              if not n.startswith("__") and callable(v) and n not in vars(HiSparseKVCacheManager)]:
-    setattr(HiSparseKVCacheManager, _name, _refusal(_name))
+refuse_the_rest(HiSparseKVCacheManager, [n for c in KVCacheManager.__mro__[:-1]
+                                         for n, v in vars(c).items() if callable(v)], refused)
