@@ -265,3 +265,19 @@ def test_what_the_manager_does_not_serve_is_refused_by_name(call: Any, named: st
 def test_options_outside_the_scope_are_refused_at_construction(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(UnsupportedByPrefixKV, match=named):
         _plugin_manager(hisparse_config(), **kw)
+
+
+def test_arguments_by_position_or_by_name_as_the_base_class_takes_them() -> None:
+    """The base class's arguments, by position (in its order) or by name; others refused
+    as Python refuses them (TypeError)."""
+    ours = KVCacheManager(hisparse_config(), 128, BS, BS, None, False, False, 0, 3)  # (lookahead 3)
+    assert ours.coordinator.num_reprefillable_tokens == 2
+    req = make_request("r", list(range(40)))
+    got = ours.allocate_slots(req, 16, 0, None, 17)  # (17 lookahead slots: 33 tokens)
+    assert [len(g) for g in got.get_block_ids()] == [3, 3, 3, 0]
+    with pytest.raises(TypeError):
+        ours.allocate_slots(req, 16, num_lookahead_tokens=1, bogus=2)
+    with pytest.raises(TypeError):
+        ours.allocate_slots(req, 16, 0, num_new_computed_tokens=0)
+    with pytest.raises(TypeError):
+        _plugin_manager(hisparse_config(), bogus=1)

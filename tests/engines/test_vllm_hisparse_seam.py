@@ -180,8 +180,7 @@ def test_random_requests_side_by_side_answer_as_vllm(
     side_by_side(num_blocks, host_blocks, hot_blocks, in_flight, ops)
 
 
-@pytest.mark.parametrize("name", ["finish_host_import", "get_host_block_pool", "take_host_block_copies",
-                                  "release_completed_host_copies", "free", "request_states",
+@pytest.mark.parametrize("name", ["get_host_block_pool", "complete_host_import", "free", "request_states",
                                   "resident_managers", "hot_managers", "host_manager"])
 def test_what_the_seam_does_not_serve_is_refused_by_name(name: str) -> None:
     seam = HiSparseSeam(hisparse_state(hisparse_config(), 128, enable_caching=False))

@@ -7,7 +7,13 @@ whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
 Served, in the scope of that state (prefix caching off, one resident and one hot group,
 no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
-``has_pending_work``, ``has_pending_reclamation`` and ``all_context_pages_resident``;
+``has_pending_work``, ``has_pending_reclamation``, ``all_context_pages_resident``,
+``take_residency_updates``, ``build_row_mirrors``, ``pending_spills`` (read-only), the
+host copies and imports the scope has none of (``take_host_block_copies``,
+``release_completed_host_copies``, ``finish_host_import``), and once bound to a manager
+(hisparse_manager.py) ``get_host_block_pool``, ``host_manager``, ``resident_managers``
+and ``hot_managers`` (hisparse_groups.py's views): every call vLLM's HiSparse connector
+makes;
 every other call of vLLM's coordinator, and every attribute it would read or set, raises
 UnsupportedByPrefixKV naming it (a call may be replaced, as a test's monkeypatch does).
 Checked against vLLM's coordinator side by side: tests/engines/test_vllm_hisparse_seam.py.
@@ -19,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
 from vllm.v1.hisparse.types import (
     SparseKVOffloadCommand,
@@ -37,7 +44,8 @@ __all__ = ["SERVED", "HiSparseSeam", "hisparse_state", "refuse_the_rest"]
 
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
           "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
-          "build_row_mirrors", "get_host_block_pool")
+          "build_row_mirrors", "get_host_block_pool", "take_host_block_copies",
+          "release_completed_host_copies", "finish_host_import")
 _SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
           "no external loads (docs/integration.md, \"HiSparse\")")
 
@@ -124,6 +132,16 @@ class HiSparseSeam(HiSparseCoordinator):
     def get_host_block_pool(self) -> Any:
         """The host pool's view (its free count, usage, blocks)."""
         return self._bound("get_host_block_pool")[1]
+
+    def take_host_block_copies(self) -> tuple[KVCacheBlockCopy, ...]:
+        """(): host copies on write come from hits on the host prefix (caching on), not served."""
+        return ()
+
+    def release_completed_host_copies(self, dst_block_ids: Iterable[int]) -> None:
+        """Nothing: no host copy is ever handed out (``take_host_block_copies``)."""
+
+    def finish_host_import(self, request_id: str, *, failed: bool) -> None:
+        """Nothing: no import is ever pending (the manager refuses external loads)."""
 
     def take_residency_updates(self, request_ids: Iterable[str]) -> dict[str, SparseKVResidencyUpdate]:
         """What the workers lack of each request's resident row: its pages lost since

@@ -19,7 +19,6 @@ vLLM's manager side by side: tests/engines/test_vllm_hisparse_manager.py.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -37,8 +36,30 @@ from .manager import KVCacheManager
 
 __all__ = ["HiSparseKVCacheManager"]
 
-_SIGNATURE = inspect.signature(KVCacheManager.__init__)
-_SLOTS = inspect.signature(KVCacheManager.allocate_slots)
+# the base class's arguments after those named, in order, with their defaults (its
+# signature, written out: its ``__init__`` may be wrapped, as vllm_swap.py counts managers)
+_OPTIONS = (("max_in_flight_tokens", None), ("enable_caching", True), ("use_eagle", False),
+            ("num_hash_lookahead_tokens", 0), ("num_prefill_lookahead", 0), ("log_stats", False),
+            ("enable_kv_cache_events", False), ("dcp_world_size", 1), ("pcp_world_size", 1),
+            ("metrics_collector", None), ("watermark", 0.0), ("enable_mamba_shared_prefix_checkpoint", False))
+_SLOTS = (("num_new_computed_tokens", 0), ("new_computed_blocks", None), ("num_lookahead_tokens", 0),
+          ("num_external_computed_tokens", 0), ("delay_cache_blocks", False), ("num_encoder_tokens", 0),
+          ("full_sequence_must_fit", False), ("reserved_blocks", 0), ("has_scheduled_reqs", True),
+          ("skip_zeroing_group_ids", ()))
+
+
+def _bind(call: str, names: tuple[tuple[str, Any], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+          ) -> dict[str, Any]:
+    """``names``' values from ``args`` (in order) and ``kwargs``, defaults for the rest.
+    TypeError, as Python's, for too many, unknown or repeated arguments."""
+    known = dict(names)
+    if len(args) > len(names) or not kwargs.keys() <= known.keys() \
+            or any(n in kwargs for n, _ in names[:len(args)]):
+        raise TypeError(f"{call}() got arguments {args!r}, {sorted(kwargs)} beyond its "
+                        f"parameters {list(known)}")
+    known.update(zip([n for n, _ in names[:len(args)]], args, strict=True))
+    known.update(kwargs)
+    return known
 
 class HiSparseKVCacheManager(KVCacheManager):
     """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
@@ -47,10 +68,7 @@ class HiSparseKVCacheManager(KVCacheManager):
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, *args: Any, **kwargs: Any) -> None:
         """The base class's arguments (by position or by name: ``KVCacheManager.__init__``)."""
-        a = _SIGNATURE.bind(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                            *args, **kwargs)
-        a.apply_defaults()
-        o = a.arguments
+        o = _bind("KVCacheManager", _OPTIONS, args, kwargs)
         state = hisparse_state(kv_cache_config, max_model_len, enable_caching=o["enable_caching"],
                                max_in_flight_tokens=o["max_in_flight_tokens"],
                                num_prefill_lookahead=o["num_prefill_lookahead"])
@@ -187,14 +205,14 @@ class HiSparseKVCacheManager(KVCacheManager):
         Raises ValueError as vLLM's (nothing to schedule), RequestError for counts that are
         not ints >= 0, UnsupportedByPrefixKV for hits, external and encoder tokens; nothing
         changed."""
-        a = _SLOTS.bind(self, request, num_new_tokens, *args, **kwargs).arguments
-        num_lookahead_tokens, reserved_blocks = a.get("num_lookahead_tokens", 0), a.get("reserved_blocks", 0)
+        a = _bind("allocate_slots", _SLOTS, args, kwargs)
+        num_lookahead_tokens, reserved_blocks = a["num_lookahead_tokens"], a["reserved_blocks"]
         for name, n in (("num_new_tokens", num_new_tokens), ("num_lookahead_tokens", num_lookahead_tokens),
                         ("reserved_blocks", reserved_blocks)):
             check_count(name, n, 0, None)
-        hit = a.get("new_computed_blocks")
-        if a.get("num_new_computed_tokens") or a.get("num_external_computed_tokens") \
-                or a.get("num_encoder_tokens") or (hit is not None and any(hit.blocks)):
+        hit = a["new_computed_blocks"]
+        if a["num_new_computed_tokens"] or a["num_external_computed_tokens"] \
+                or a["num_encoder_tokens"] or (hit is not None and any(hit.blocks)):
             refused("hits, external (connector) or encoder tokens in allocate_slots")
         if not num_new_tokens:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed "
@@ -202,10 +220,10 @@ class HiSparseKVCacheManager(KVCacheManager):
         rid, state = request.request_id, self.state
         computed = min(request.num_computed_tokens, self.max_model_len)
         total = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        keep = self.watermark_blocks if a.get("has_scheduled_reqs", True) and request.status in (
+        keep = self.watermark_blocks if a["has_scheduled_reqs"] and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
         free = state.device.num_free
-        if a.get("full_sequence_must_fit") and \
+        if a["full_sequence_must_fit"] and \
                 state.need(rid, min(request.num_tokens, self.max_model_len), cap=True) + keep > free:
             return None
         if state.need(rid, total) + keep > free - reserved_blocks:
