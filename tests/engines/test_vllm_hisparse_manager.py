@@ -281,3 +281,15 @@ def test_arguments_by_position_or_by_name_as_the_base_class_takes_them() -> None
         ours.allocate_slots(req, 16, 0, num_new_computed_tokens=0)
     with pytest.raises(TypeError):
         _plugin_manager(hisparse_config(), bogus=1)
+
+
+def test_every_call_of_vllms_hisparse_connector_is_served() -> None:
+    """What vLLM's HiSparse connector reads of the coordinator (test_vllm_hisparse.py's
+    list, pinned against the wheel's source) is all served by a bound seam: none of it
+    is a refusal."""
+    from .test_vllm_hisparse import CONNECTOR_CALLS
+
+    seam = get_hisparse_coordinator(_plugin_manager(hisparse_config()))
+    for name in sorted(CONNECTOR_CALLS):
+        attr = getattr(seam, name)
+        assert not (callable(attr) and (attr.__doc__ or "").startswith("Refused")), name

@@ -63,8 +63,6 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     specs = [g.kv_cache_spec for g in groups]
     roles = [getattr(g, "role", None) for g in groups]
     sizes = {s.block_size for s in specs}
-    if enable_caching:
-        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     if (len(groups) != 4 or roles[:2] != [KVCacheGroupRole.HISPARSE_SOURCE, KVCacheGroupRole.HISPARSE_INDEXER]
             or not isinstance(specs[2], HiSparseResidentSpec) or not isinstance(specs[3], HiSparseHotSpec)):
         _refused(f"this layout ({[type(s).__name__ for s in specs]}): only source, indexer, one "
@@ -74,6 +72,8 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     host = kv_cache_config.hisparse_host_num_blocks
     if host is None:
         _refused("a HiSparse layout without a host pool (hisparse_host_num_blocks)")
+    if enable_caching:
+        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     bs = sizes.pop()
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
     hot = specs[3]
