@@ -214,6 +214,9 @@ class HiSparseKVCacheManager(KVCacheManager):
         if a["num_new_computed_tokens"] or a["num_external_computed_tokens"] \
                 or a["num_encoder_tokens"] or (hit is not None and any(hit.blocks)):
             refused("hits, external (connector) or encoder tokens in allocate_slots")
+        if request.num_computed_tokens and not self.state.holds(request.request_id):
+            refused(f"a request holding no blocks with {request.num_computed_tokens} computed tokens "
+                    f"(a host prefix) in allocate_slots")
         if not num_new_tokens:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed "
                              "tokens to adopt")
