@@ -116,7 +116,7 @@ def test_the_mamba_shared_prefix_checkpoint_flag_is_taken_and_does_nothing_as_in
 def test_hisparse_and_other_hash_block_sizes_are_refused():
     from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
 
-    with pytest.raises(UnsupportedByPrefixKV, match=r"HiSparse \(a host pool of 8 blocks\): vLLM"):
+    with pytest.raises(UnsupportedByPrefixKV, match=r"HiSparse .* this layout \(\['FullAttentionSpec'\]\)"):
         KVCacheManager(config(full(), hisparse_host_num_blocks=8), max_model_len=64,
                        scheduler_block_size=BS, hash_block_size=BS)
     with pytest.raises(UnsupportedByPrefixKV, match="hash 8"):
