@@ -11,6 +11,7 @@ other arguments: options.py); ``build_core`` builds the prefixkv manager a layou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,18 +141,19 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                 dcp_world_size: int = 1, pcp_world_size: int = 1, enable_caching: bool = True) -> Layout:
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
-    attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba (Mamba
-    with speculative blocks, or in none mode with caching on: ConfigError as vLLM's assert,
-    prefill-checkpoint blocks where ``checkpoints.read_checkpoints`` refuses them,
-    HiSparse, encoder-only and cross-attention caches, ...), a HiSparse host pool,
-    decode or prefill context parallelism (``dcp_world_size`` or ``pcp_world_size``
-    > 1), and where the block sizes of groups, scheduler and hashes
-    are not one (``_check_sizes``): groups of sizes that are not multiples of
-    ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
-    local attention, a single full-attention group of another size than the
-    scheduler's or the hashes', and Mamba where vLLM turns its fine-grained partial
-    hits on but beyond what prefixkv serves of them (``_check_partial_hits``; what it
-    serves gets ``sizes.partial``)."""
+    attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
+    (Mamba with speculative blocks, or in none mode with caching on: ConfigError as
+    vLLM's assert, prefill-checkpoint blocks where ``checkpoints.read_checkpoints``
+    refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    host pool, decode or prefill context parallelism (``dcp_world_size`` or
+    ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
+    are not one (``_check_sizes``; with ``enable_caching`` off the hash block is the
+    groups' gcd where vLLM's is not a divisor of each: nothing is hashed): groups of
+    sizes that are not multiples of ``hash_block_size`` or do not divide
+    ``scheduler_block_size``, or beside chunked local attention, a single
+    full-attention group of another size than the scheduler's or the hashes', and Mamba
+    where vLLM turns its fine-grained partial hits on but beyond what prefixkv serves
+    of them (``_check_partial_hits``; what it serves gets ``sizes.partial``)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -169,6 +171,10 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                                     "(prefix_cacheable False) has no hit to look up; vLLM "
                                     "asserts one cacheable group")
     sizes = tuple(s.block_size for s in specs)
+    if not enable_caching and any(b % hash_block_size for b in sizes):
+        # (caching off: vLLM passes its scheduler's block, the groups' lcm, as the hash
+        # block, and hashes nothing; prefixkv's groups count in their gcd)
+        hash_block_size = math.gcd(*sizes)
     partial = False
     if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
         _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
