@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import runpy
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -81,7 +82,8 @@ def request(rid: str, tokens: list[int]) -> Request:
 
 
 @pytest.mark.parametrize(("specs", "kw", "named"), [
-    ((mamba,), {}, "Mamba"),
+    ((full, lambda: replace(mamba(), mamba_cache_mode="align", num_speculative_blocks=1)), {},
+     "Mamba's num_speculative_blocks"),
     ((cross_attention,), {}, "cross-attention"),
     ((full, lambda: full(32)), {}, "different block sizes"),
     ((full,), {"dcp_world_size": 2}, "context parallelism"),

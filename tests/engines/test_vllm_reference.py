@@ -129,9 +129,9 @@ def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
     return max(0, pos - n + 1) if kind != "chunked" else pos - pos % n
 
 
-def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Side, Side]:
+def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None, **over: Any) -> tuple[Side, Side]:
     """prefixkv's plug-in and vLLM's own manager over groups ``specs`` (one full-attention
-    group by default)."""
+    group by default), built with the manager's keyword arguments ``over`` too."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -146,8 +146,8 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
                     else ("sliding", 2) if type(s).__name__ == "MambaSpec"  # (the state before a step)
                     else None for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
-              enable_kv_cache_events=True)
-    aligned = any(type(s).__name__ == "MambaSpec" for s in specs)
+              enable_kv_cache_events=True) | over
+    aligned = any(getattr(s, "mamba_cache_mode", None) == "align" for s in specs)
     return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned),
             Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned))
 
