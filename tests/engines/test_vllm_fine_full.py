@@ -19,8 +19,18 @@ skip_module_without_vllm()
 
 torch = pytest.importorskip("torch")
 
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT, STEMS  # noqa: E402
+
+# full attention of two sizes beside Mamba: one larger than the hash block, one of its
+# size (vLLM looks them up one after the other, in the order of their first groups, as
+# its test_lookahead_checkpoint_has_available_hash's full 128 + Mamba 512 + full 64)
+TWO_FULL = {
+    "full8+mamba32+full4, hash 4": (((8, None), (32, "mamba"), (4, None)), 4),
+    "full4+mamba8+full16, hash 4": (((4, None), (8, "mamba"), (16, None)), 4),
+    "full16+mamba8+full4+full16, hash 4": (((16, None), (8, "mamba"), (4, None), (16, None)), 4),
+}
 
 
 def same_block_hashes(sides: Sides) -> None:
@@ -46,13 +56,13 @@ def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int]) ->
 
 
 @pytest.mark.parametrize("small", [False, True])
-@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL) + list(TWO_FULL))
 @settings(max_examples=30, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_tables_hits_and_copies_with_full_attention_larger_than_the_hash_block(
         layout, small, ops, probe):
     # (KV events are refused here: test_kv_events_are_refused_by_name)
-    groups, h = PARTIAL_FULL[layout]
+    groups, h = {**PARTIAL_FULL, **TWO_FULL}[layout]
     _run(groups, small, h, ops, probe)
 
 
@@ -67,6 +77,23 @@ def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
         sides.do(*op)
         sides.compare([7])
     assert sides.copies == 1 and [list(g) for g in sides.ms[1].get_block_ids("r3")] == [[6, 7], [2, 0, 8]]
+
+
+def test_full_attention_of_the_hash_blocks_size_looked_up_first_caps_the_larger_ones_hit():
+    # full4+mamba8+full16, hash 4: r1 caches 0..43 (full16: 0..31 whole, the entry at 44
+    # in its block 2; Mamba the state at 44); freed, full4 (group 0, freed first) loses
+    # its block 11 (tokens 40..43) to r3. A probe of r1's prompt: full4 finds 40, under
+    # which full16 finds 32 (no entry at 36 or 40), Mamba no state: hit 0, the junction
+    # 40, as vLLM (a lookup without full4 found 44: a row past full4's blocks)
+    groups, h = TWO_FULL["full4+mamba8+full16, hash 4"]
+    sides = Sides(groups, 30, partial=True, hash_size=h)
+    for op in [("add", STEMS[0][:45], None), ("free", 0, 0), ("add", STEMS[1][:44], None)]:
+        sides.do(*op)
+        sides.compare(STEMS[0][:45])
+    assert [list(g) for g in sides.ms[1].get_block_ids("r3")] == \
+        [list(range(16, 27)), [0, 0, 0, 0, 0, 27], [28, 29, 11]]
+    probe = _request("p", STEMS[0][:45], h)
+    assert [m.get_computed_blocks(probe)[1:] for m in sides.ms] == [(0, 40), (0, 40)]
 
 
 @pytest.mark.parametrize("small", [False, True])
@@ -85,8 +112,6 @@ def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_
     # boundary, whose entry prefixkv's admission puts on the full block's copy at once,
     # vLLM's only at the later cache_blocks: refused by name, nothing changed
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
-
-    from .test_vllm_block_sizes_reference import _request
 
     groups, h = PARTIAL_FULL["full4+mamba4, hash 2"]
     sides = Sides(groups, 40, partial=True, hash_size=h)
