@@ -6,7 +6,6 @@ blocks, up to the first spare (tests/engines/test_vllm_mamba_sizes.py's ``Sides`
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -45,25 +44,35 @@ def same_block_hashes(sides: Sides) -> None:
     assert got[0] == got[1]
 
 
-def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int], hashes: bool = False) -> None:
+def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int], hashes: bool = False,
+         events: bool = False) -> None:
     """``ops`` on both sides (the pool large, or a little over one longest request:
     refusals and evictions), compared after each, block hashes too where served (not
     with a hash block ``h`` below full attention's, unless a group of ``h`` is there
-    too, ``hashes``: every block reads None there, as before), up to the first spare."""
+    too, ``hashes``: every block reads None there, as before), and with ``events`` the
+    KV events of each step (``Sides.same_events``), up to the first spare."""
     sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
-                  hash_size=h)
-    sides.drive(ops, probe, same_block_hashes if h is None or hashes else None)
+                  hash_size=h, events=events)
+
+    def each(sides: Sides) -> None:
+        if events:
+            sides.same_events(groups)
+        if h is None or hashes:
+            same_block_hashes(sides)
+    sides.drive(ops, probe, each)
 
 
+@pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("layout", list(PARTIAL_FULL) + list(TWO_FULL))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_tables_hits_and_copies_with_full_attention_larger_than_the_hash_block(
-        layout, small, ops, probe):
-    # (KV events are refused here: test_kv_events_are_refused_by_name)
+        layout, small, events, ops, probe):
+    # (events: vLLM's KV events on, the same entries stored and removed in each step, a
+    # full-attention partial entry once per block that gets it)
     groups, h = {**PARTIAL_FULL, **TWO_FULL}[layout]
-    _run(groups, small, h, ops, probe, layout in TWO_FULL)
+    _run(groups, small, h, ops, probe, layout in TWO_FULL, events)
 
 
 def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
@@ -129,16 +138,18 @@ def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_
     assert m.allocate_slots(r, 2, hit, blocks) is not None  # (not delayed: served)
 
 
-@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
-def test_kv_events_are_refused_by_name_with_full_attention_larger_than_the_hash_block(layout):
-    # (with events on, this test's random comparison found vLLM announcing a partial
-    # entry of full attention prefixkv did not, and block hashes that differ)
-    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
-
-    from .test_vllm_block_sizes_reference import _plugin
-
-    groups, h = PARTIAL_FULL[layout]
-    lcm = math.lcm(*(b for b, _ in groups))
-    with pytest.raises(UnsupportedByPrefixKV, match="KV events"):
-        _plugin(groups, h, lcm, 400, events=True)
-    _plugin(groups, h, lcm, 400)
+def test_each_block_holding_a_partial_entry_announces_it_as_vllm_does():
+    # full16+mamba8, hash 4: r1 and r2 both compute 200..207 (r2 no hit: Mamba holds no
+    # state at 8, r1's is at 9), their prompts' last boundary 8 inside their full blocks
+    # 1 and 3, which both get the entry: vLLM announces it for each block
+    # (cache_partial_block), as the plug-in now (session 27 announced an entry once, by
+    # its first holder, so KV events were refused here)
+    groups, h = PARTIAL_FULL["full16+mamba8, hash 4"]
+    sides = Sides(groups, 400, partial=True, events=True, hash_size=h)
+    for op in [("add", STEMS[2][:8] + [0], None), ("add", STEMS[2][:9] + [1, 2], None)]:
+        sides.do(*op)
+        sides.compare([7])
+        sides.same_events(groups)
+    assert [[list(g) for g in sides.ms[1].get_block_ids(r)] for r in ("r1", "r2")] == \
+        [[[1], [0, 2]], [[3], [0, 4]]]
+    assert sides.partial_entries == 2 and sides.copies == 0

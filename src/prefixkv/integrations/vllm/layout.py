@@ -201,11 +201,10 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     request goes on). prefixkv's hybrid manager serves them (``BlockSizes.partial``,
     docs/groups.md "Partial hits") with Mamba groups of one size and full-attention
     groups, at least one, all of one size, a multiple of the hash block (larger: vLLM
-    then looks up inside its blocks too, groups/partial_full.py; without KV events,
-    hit_caps.check_events), or of two sizes, one the hash block's, each of one spec;
-    raises UnsupportedByPrefixKV for the rest (full attention of two sizes larger than
-    the hash block, or of several specs at a size; a window of the hash block's size;
-    Mamba alone)."""
+    then looks up inside its blocks too, groups/partial_full.py), or of two sizes, one
+    the hash block's, each of one spec; raises UnsupportedByPrefixKV for the rest (full
+    attention of two sizes larger than the hash block, or of several specs at a size; a
+    window of the hash block's size; Mamba alone)."""
     from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
