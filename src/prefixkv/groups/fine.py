@@ -11,8 +11,9 @@ A block holds at most one partial entry ``P``. While the block is not whole, ``P
 only content (``GroupIndex.nodes`` names it, and the group's ``entries`` do not list
 it); once whole, its whole key is its content and ``P`` stays beside it. Each entry
 lists its holders per group in the order they got it, the first being the one vLLM
-finds (its hash map keeps insertion order); the first holder announces it, the last
-withdraws it.
+finds (its hash map keeps insertion order); each holder announces it and withdraws it,
+as vLLM's ``cache_partial_block`` and eviction do per block (session 28; before, the
+first announced it and the last withdrew it).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class FineEntries(dict[int, tuple[int, Prefix]]):
     """Block id -> the partial entry the block holds (its group and prefix): a plain
     dict to read (false while empty: the index's hot paths test it so, at C speed);
     ``holders[(g, pid)]``: the blocks of group ``g`` holding the partial entry of prefix
-    ``pid``, the first found first; ``announced[(g, pid)]``: its ``GroupBlockStored``
-    (events on), restated by a snapshot."""
+    ``pid``, the first found first; ``announced[(g, pid)]``: its first holder's
+    ``GroupBlockStored`` (events on), restated once by a snapshot."""
 
     __slots__ = ("holders", "announced", "_sink", "_table", "_groups")
 
