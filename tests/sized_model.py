@@ -38,7 +38,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   then finds (its first cached). Until a twin is freed (``emptied``) the two rules give
   the same ids, queue and hits; from then on vLLM's queue holds a copy this one emptied.
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
-  removed when its last holder is evicted (vLLM announces every holder).
+  removed when its last holder is evicted (vLLM announces every holder); a
+  full-attention partial entry for each holder, as vLLM (session 28).
 - Mamba (``"mamba"``): a query at ``p`` reads the state after ``p - 1`` (the window of 2
   below), so a hit at ``L`` needs block ``L // b - 1`` cached, the entries below it null.
   A step ending at ``e`` takes one block, at entry ``cdiv(e, b) - 1``, when the table is
@@ -316,6 +317,8 @@ class SizedModel:
                 if not self.holders[key]:
                     del self.holders[key]
                     self.events.append(("removed", key))
+                elif self._each(key):
+                    self.events.append(("removed", key))
             self._drop_tail(x)
             self.keys[x] = []
             self.refs[x] = 1
@@ -348,14 +351,22 @@ class SizedModel:
             if not self.holders[key]:
                 del self.holders[key]
                 self.events.append(("removed", key))
+            elif self._each(key):
+                self.events.append(("removed", key))
         self.keys[x] = []
 
     def _hold(self, x, key):
-        if key not in self.holders:
-            self.holders[key] = []
+        if key not in self.holders or self._each(key):
             self.events.append(("stored", key))
-        self.holders[key].append(x)
+        self.holders.setdefault(key, []).append(x)
         self.keys[x].append(key)
+
+    def _each(self, key):
+        """Whether ``key`` is announced and withdrawn for each holder: a partial entry of
+        full attention larger than the hash block (vLLM's ``cache_partial_block`` and
+        eviction, per block); other keys once, by their first holder and last."""
+        b, w = self.groups[key[0]]
+        return self.partial and w is None and b > self.h and bool(len(key[2]) % b)
 
     def _store(self, x, key):
         """``x`` caches ``key``: a spare of its holder (``twins``), else one more holder."""
@@ -793,7 +804,7 @@ class SizedModel:
         for key in [k for k in self.holders if under(*k[1:])]:
             spares = self.spares.pop(key, None)  # (unlisted: a spare announces nothing)
             self.diverged |= bool(spares)
-            self.events.append(("removed", key))
+            self.events.extend([("removed", key)] * (len(self.holders[key]) if self._each(key) else 1))
             for x in spares or ():
                 self._drop_tail(x)
             for x in self.holders.pop(key):

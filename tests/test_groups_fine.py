@@ -96,7 +96,8 @@ def test_promotion_keeps_the_entry_beside_the_whole_key_last_in_vllms_order():
     assert s.index.find(0, nodes[1]) is a
     assert s.index.fine.holders[(0, nodes[0].pid)] == [c, a]  # (vLLM re-adds it: last)
     assert s.index.fine.find(0, nodes[0]) is c
-    assert s.events() == [("Stored", nodes[1].hash)]  # (c holds the entry throughout)
+    # (vLLM's promotion: the entry removed from a, the whole key stored, the entry again)
+    assert s.events() == [("Removed", nodes[0].hash), ("Stored", nodes[1].hash), ("Stored", nodes[0].hash)]
     assert s.index.num_blocks_of(nodes[0]) == 2
 
 
@@ -120,7 +121,8 @@ def test_eviction_takes_every_entry_of_the_block_and_the_next_holder_is_found():
     s.sound()
     assert s.index.find(0, nodes[1]) is None and a.key is None
     assert s.index.fine.find(0, nodes[0]) is c
-    assert s.events() == [("Removed", nodes[1].hash)]  # (c still announces the entry)
+    # (each hash a holds, the whole key first, as vLLM's eviction; c still holds the entry)
+    assert s.events() == [("Removed", nodes[1].hash), ("Removed", nodes[0].hash)]
     s.index.drop_one(c)
     assert s.events() == [("Removed", nodes[0].hash)]
     assert not s.index.fine and not s.index.fine.holders

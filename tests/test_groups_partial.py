@@ -60,7 +60,7 @@ def test_the_owner_going_on_moves_its_entry_to_a_copy():
 
 @pytest.mark.parametrize("specs,sizes", [
     ([full_attention(), mamba()], [2, 2]),  # (no Mamba block larger than the hash block)
-    ([full_attention(), full_attention(), mamba()], [2, 4, 4]),  # (full attention of two sizes)
+    ([full_attention(), full_attention(), mamba()], [4, 8, 8]),  # (two full sizes beyond the hash block)
     ([sliding_window(8), mamba()], [2, 4]),  # (a window)
     ([full_attention(), mamba()], [4, 8, 2]),  # (sizes for another number of groups)
 ])

@@ -6,7 +6,6 @@ blocks, up to the first spare (tests/engines/test_vllm_mamba_sizes.py's ``Sides`
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -19,8 +18,18 @@ skip_module_without_vllm()
 
 torch = pytest.importorskip("torch")
 
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT, STEMS  # noqa: E402
+
+# full attention of two sizes beside Mamba: one larger than the hash block, one of its
+# size (vLLM looks them up one after the other, in the order of their first groups, as
+# its test_lookahead_checkpoint_has_available_hash's full 128 + Mamba 512 + full 64)
+TWO_FULL = {
+    "full8+mamba32+full4, hash 4": (((8, None), (32, "mamba"), (4, None)), 4),
+    "full4+mamba8+full16, hash 4": (((4, None), (8, "mamba"), (16, None)), 4),
+    "full16+mamba8+full4+full16, hash 4": (((16, None), (8, "mamba"), (4, None), (16, None)), 4),
+}
 
 
 def same_block_hashes(sides: Sides) -> None:
@@ -35,25 +44,35 @@ def same_block_hashes(sides: Sides) -> None:
     assert got[0] == got[1]
 
 
-def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int]) -> None:
+def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int], hashes: bool = False,
+         events: bool = False) -> None:
     """``ops`` on both sides (the pool large, or a little over one longest request:
     refusals and evictions), compared after each, block hashes too where served (not
-    with a hash block ``h`` below full attention's: every block reads None there, as
-    before), up to the first spare."""
+    with a hash block ``h`` below full attention's, unless a group of ``h`` is there
+    too, ``hashes``: every block reads None there, as before), and with ``events`` the
+    KV events of each step (``Sides.same_events``), up to the first spare."""
     sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
-                  hash_size=h)
-    sides.drive(ops, probe, same_block_hashes if h is None else None)
+                  hash_size=h, events=events)
+
+    def each(sides: Sides) -> None:
+        if events and not any(sides.ms[1].core._index.twins):  # (a spare announces nothing: twin_model.py)
+            sides.same_events(groups)
+        if h is None or hashes:
+            same_block_hashes(sides)
+    sides.drive(ops, probe, each)
 
 
+@pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("small", [False, True])
-@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
-@settings(max_examples=30, deadline=None)
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL) + list(TWO_FULL))
+@settings(max_examples=25, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_tables_hits_and_copies_with_full_attention_larger_than_the_hash_block(
-        layout, small, ops, probe):
-    # (KV events are refused here: test_kv_events_are_refused_by_name)
-    groups, h = PARTIAL_FULL[layout]
-    _run(groups, small, h, ops, probe)
+        layout, small, events, ops, probe):
+    # (events: vLLM's KV events on, the same entries stored and removed in each step, a
+    # full-attention partial entry once per block that gets it)
+    groups, h = {**PARTIAL_FULL, **TWO_FULL}[layout]
+    _run(groups, small, h, ops, probe, layout in TWO_FULL, events)
 
 
 def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
@@ -67,6 +86,23 @@ def test_a_hit_inside_a_block_found_whole_is_admitted_under_its_lookups_cap():
         sides.do(*op)
         sides.compare([7])
     assert sides.copies == 1 and [list(g) for g in sides.ms[1].get_block_ids("r3")] == [[6, 7], [2, 0, 8]]
+
+
+def test_full_attention_of_the_hash_blocks_size_looked_up_first_caps_the_larger_ones_hit():
+    # full4+mamba8+full16, hash 4: r1 caches 0..43 (full16: 0..31 whole, the entry at 44
+    # in its block 2; Mamba the state at 44); freed, full4 (group 0, freed first) loses
+    # its block 11 (tokens 40..43) to r3. A probe of r1's prompt: full4 finds 40, under
+    # which full16 finds 32 (no entry at 36 or 40), Mamba no state: hit 0, the junction
+    # 40, as vLLM (a lookup without full4 found 44: a row past full4's blocks)
+    groups, h = TWO_FULL["full4+mamba8+full16, hash 4"]
+    sides = Sides(groups, 30, partial=True, hash_size=h)
+    for op in [("add", STEMS[0][:45], None), ("free", 0, 0), ("add", STEMS[1][:44], None)]:
+        sides.do(*op)
+        sides.compare(STEMS[0][:45])
+    assert [list(g) for g in sides.ms[1].get_block_ids("r3")] == \
+        [list(range(16, 27)), [0, 0, 0, 0, 0, 27], [28, 29, 11]]
+    probe = _request("p", STEMS[0][:45], h)
+    assert [m.get_computed_blocks(probe)[1:] for m in sides.ms] == [(0, 40), (0, 40)]
 
 
 @pytest.mark.parametrize("small", [False, True])
@@ -86,8 +122,6 @@ def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_
     # vLLM's only at the later cache_blocks: refused by name, nothing changed
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
-    from .test_vllm_block_sizes_reference import _request
-
     groups, h = PARTIAL_FULL["full4+mamba4, hash 2"]
     sides = Sides(groups, 40, partial=True, hash_size=h)
     sides.do("add", [0, 0, 1, 1, 2, 2, 3], 6)
@@ -104,16 +138,18 @@ def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_
     assert m.allocate_slots(r, 2, hit, blocks) is not None  # (not delayed: served)
 
 
-@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
-def test_kv_events_are_refused_by_name_with_full_attention_larger_than_the_hash_block(layout):
-    # (with events on, this test's random comparison found vLLM announcing a partial
-    # entry of full attention prefixkv did not, and block hashes that differ)
-    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
-
-    from .test_vllm_block_sizes_reference import _plugin
-
-    groups, h = PARTIAL_FULL[layout]
-    lcm = math.lcm(*(b for b, _ in groups))
-    with pytest.raises(UnsupportedByPrefixKV, match="KV events"):
-        _plugin(groups, h, lcm, 400, events=True)
-    _plugin(groups, h, lcm, 400)
+def test_each_block_holding_a_partial_entry_announces_it_as_vllm_does():
+    # full16+mamba8, hash 4: r1 and r2 both compute 200..207 (r2 no hit: Mamba holds no
+    # state at 8, r1's is at 9), their prompts' last boundary 8 inside their full blocks
+    # 1 and 3, which both get the entry: vLLM announces it for each block
+    # (cache_partial_block), as the plug-in now (session 27 announced an entry once, by
+    # its first holder, so KV events were refused here)
+    groups, h = PARTIAL_FULL["full16+mamba8, hash 4"]
+    sides = Sides(groups, 400, partial=True, events=True, hash_size=h)
+    for op in [("add", STEMS[2][:8] + [0], None), ("add", STEMS[2][:9] + [1, 2], None)]:
+        sides.do(*op)
+        sides.compare([7])
+        sides.same_events(groups)
+    assert [[list(g) for g in sides.ms[1].get_block_ids(r)] for r in ("r1", "r2")] == \
+        [[[1], [0, 2]], [[3], [0, 4]]]
+    assert sides.partial_entries == 2 and sides.copies == 0

@@ -11,8 +11,9 @@ A block holds at most one partial entry ``P``. While the block is not whole, ``P
 only content (``GroupIndex.nodes`` names it, and the group's ``entries`` do not list
 it); once whole, its whole key is its content and ``P`` stays beside it. Each entry
 lists its holders per group in the order they got it, the first being the one vLLM
-finds (its hash map keeps insertion order); the first holder announces it, the last
-withdraws it.
+finds (its hash map keeps insertion order); each holder announces it and withdraws it,
+as vLLM's ``cache_partial_block`` and eviction do per block (session 28; before, the
+first announced it and the last withdrew it).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class FineEntries(dict[int, tuple[int, Prefix]]):
     """Block id -> the partial entry the block holds (its group and prefix): a plain
     dict to read (false while empty: the index's hot paths test it so, at C speed);
     ``holders[(g, pid)]``: the blocks of group ``g`` holding the partial entry of prefix
-    ``pid``, the first found first; ``announced[(g, pid)]``: its ``GroupBlockStored``
-    (events on), restated by a snapshot."""
+    ``pid``, the first found first; ``announced[(g, pid)]``: its first holder's
+    ``GroupBlockStored`` (events on), restated once by a snapshot."""
 
     __slots__ = ("holders", "announced", "_sink", "_table", "_groups")
 
@@ -62,19 +63,20 @@ class FineEntries(dict[int, tuple[int, Prefix]]):
 
     def add(self, g: int, b: Block, node: Prefix, event: GroupBlockStored | None) -> None:
         """``b`` (of group ``g``, holding no partial entry) gets ``node``'s as its last
-        holder; ``event`` announces it when no other block holds it (None: events off)."""
+        holder; ``event`` announces it (None: events off), for each holder, as vLLM's
+        ``cache_partial_block`` announces each block it gives the entry."""
         assert b.block_id not in self, b
         self[b.block_id] = (g, node)
         node.refs += 1
         listed = self.holders.setdefault((g, node.pid), [])
         listed.append(b)
-        if len(listed) == 1 and event is not None:
-            self.announced[(g, node.pid)] = event
+        if event is not None:
+            self.announced.setdefault((g, node.pid), event)
             self._sink.append(event)
 
     def drop(self, b: Block) -> Prefix | None:
-        """``b`` loses its partial entry, if any (withdrawn when it was the last holder);
-        returns the entry's prefix."""
+        """``b`` loses its partial entry, if any (withdrawn for each holder, as vLLM's
+        eviction removes each hash a block holds); returns the entry's prefix."""
         got = self.pop(b.block_id, None)
         if got is None:
             return None
@@ -82,12 +84,13 @@ class FineEntries(dict[int, tuple[int, Prefix]]):
         key = (g, node.pid)
         listed = self.holders[key]
         listed.remove(b)
+        ev = self.announced.get(key)
         if not listed:
             del self.holders[key]
-            ev = self.announced.pop(key, None)
-            if ev is not None:
-                self._sink.append(GroupBlockRemoved(ev.block_hashes, (b.block_id,), group_idx=g,
-                                                    spec_kind=ev.spec_kind, spec_tokens=ev.spec_tokens))
+            self.announced.pop(key, None)
+        if ev is not None:
+            self._sink.append(GroupBlockRemoved(ev.block_hashes, (b.block_id,), group_idx=g,
+                                                spec_kind=ev.spec_kind, spec_tokens=ev.spec_tokens))
         self._table.unhold(node)
         return node
 

@@ -220,8 +220,6 @@ class GroupIndex:
             entry = self.fine.drop(b)
             assert entry is node, b
             return
-        if self.fine:
-            self.fine.drop(b)
         heirs = twins.get(node.pid)
         if heirs:
             heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
@@ -234,6 +232,8 @@ class GroupIndex:
             self.table.unhold(node)
             if self.tails:
                 self.tails.drop(b)
+            if self.fine:
+                self.fine.drop(b)
             return
         del entries[node.pid]
         if self._sink.active:
@@ -241,6 +241,8 @@ class GroupIndex:
             self._withdraw((node.hash,), b, g)
             if self.tails:
                 self.tails.drop(b)
+        if self.fine:  # (after the whole key: vLLM removes a block's primary hash first)
+            self.fine.drop(b)
         self.table.unhold(node)
 
     def _withdraw(self, hashes: Sequence[bytes], b: Block, g: int) -> None:

@@ -98,6 +98,7 @@ class HybridKVCacheManager:
     _owners: partial.Owners | None = None  # (request id -> the partial entries it owns)
     _fine: tuple[int, ...] = ()  # full-attention groups larger than the hash block (partial_full.py)
     _fine_top: tuple[Sequence[Prefix], int, int] | None = None  # (partial_full.extend)
+    _fine_plain: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (partial_full.longest_hit)
     _checkpoints: checkpoints.Steps | None = None  # (request id -> its last step's checkpoints)
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups

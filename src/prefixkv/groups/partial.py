@@ -47,16 +47,17 @@ if TYPE_CHECKING:
 def check_partial(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     """Raises ConfigError unless partial hits are served on groups ``specs`` of
     ``sizes``: Mamba groups, all of one size larger than the hash block, every other
-    group full attention, all of one size, a multiple of the hash block (larger:
-    partial_full.py)."""
+    group full attention, each a multiple of the hash block, of one size larger than it
+    (partial_full.py) at most, beside which others may be of the hash block's size."""
     h = sizes.hash_size
     mamba = {b for s, b in zip(specs, sizes.sizes, strict=True) if s.sparse}
     rest = {(s.kind, b) for s, b in zip(specs, sizes.sizes, strict=True) if not s.sparse}
-    if len(mamba) != 1 or min(mamba) <= h or len(rest) > 1 or any(k != FULL or b % h for k, b in rest):
+    if len(mamba) != 1 or min(mamba) <= h or len({b for _, b in rest if b > h}) > 1 \
+            or any(k != FULL or b % h for k, b in rest):
         raise ConfigError(f"partial hits are served with Mamba groups of one block size larger than "
-                          f"the hash block ({h}) and full-attention groups of one size, a multiple of "
-                          f"the hash block, got {[s.kind for s in specs]} of {list(sizes.sizes)} "
-                          f"(docs/groups.md)")
+                          f"the hash block ({h}) and full-attention groups, each a multiple of the hash "
+                          f"block, of one size larger than it at most, got {[s.kind for s in specs]} of "
+                          f"{list(sizes.sizes)} (docs/groups.md)")
 
 
 def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:

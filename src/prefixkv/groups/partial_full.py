@@ -27,6 +27,7 @@ block"): the manager's side of groups/fine.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import takewhile
 from typing import TYPE_CHECKING
 
 from ..core.block import Block
@@ -41,8 +42,17 @@ if TYPE_CHECKING:
 def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int) -> int:
     """``partial.longest_hit`` beside full attention larger than the hash block: full
     attention's run of whole blocks (every such group), then ``extend`` inside the next,
-    then the Mamba groups take the hit down (``partial.mamba_hit``)."""
+    then the Mamba groups take the hit down (``partial.mamba_hit``). Full-attention
+    groups of the hash block's size beside them take their run of whole blocks before
+    or after, in vLLM's order (its coordinator looks each size up once, under the hit
+    the sizes before it found: its first group's first):
+
+        full (2h) first: | 0 .. 2h-1 whole | P at 3h |     -> 3h, then full (h) under 3h
+        full (h) first:  full (h)'s run r, then full (2h)'s run and P under r"""
+    before, after = self._fine_plain
     cap = min(limit, len(nodes))
+    if before:
+        cap = _plain_run(self, nodes, before, cap)
     s = self._group_sizes[self._fine[0]] // self._hash_size
     top = cap
     for g in self._fine:
@@ -52,7 +62,19 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
                 break
             k += 1
         top = k * s
-    return partial.mamba_hit(self, nodes, extend(self, nodes, top, cap))
+    top = extend(self, nodes, top, cap)
+    if after:
+        top = _plain_run(self, nodes, after, top)
+    return partial.mamba_hit(self, nodes, top)
+
+
+def _plain_run(self: HybridKVCacheManager, nodes: Sequence[Prefix], groups: Sequence[int], top: int) -> int:
+    """The run of ``nodes[:top]`` every group of ``groups`` (full attention of the hash
+    block's size) finds whole, in hash blocks."""
+    finds = self._index.finds
+    for g in groups:
+        top = sum(1 for _ in takewhile(bool, finds(g, nodes[:top])))
+    return top
 
 
 def alone(self: HybridKVCacheManager, nodes: Sequence[Prefix], g: int, run: int) -> int:

@@ -31,8 +31,10 @@ UnsupportedByPrefixKV, as a hash of no noted request is.
 
 Served where every group's block is the hash block and none is Mamba, and with vLLM's
 fine-grained partial hits beside full attention of the hash block's size (a Mamba
-block's one entry is its content, ``held_content``). Not with full attention larger
-than the hash block: a block holding a whole prefix and a partial entry beside it is
+block's one entry is its content, ``held_content``), a larger one's beside it too (its
+blocks' contents are kept from the rows of the hash block's size, which hold every
+prefix a request computed; the scan skips them). Not with full attention larger than
+the hash block alone: a block holding a whole prefix and a partial entry beside it is
 listed by the probes of both, and the scan may take the entry's hash (found: tests/
 engines/test_vllm_fine_full.py, full4+mamba4). Elsewhere vLLM
 keys partial tail entries inside larger blocks and Mamba's sparse states, which this
@@ -90,6 +92,10 @@ class BlockHashView:
         self.rows_of: Callable[[Any], Sequence[Sequence[int]] | None] = lambda r: None
         # whether any block's hash was read: ``gone`` keeps a freed request's from then on
         self.read = False
+        # the groups whose blocks ``_scan`` notes from the probes (not full attention
+        # larger than the hash block: a block holding a whole prefix and a partial entry
+        # is listed under both; its content is kept from the rows of the hash block's size)
+        self.scanned: Sequence[int] = range(groups)
 
     def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
         """(vLLM's ``BlockHashWithGroupId``, the tokens it covers) of block ``core_id``,
@@ -203,7 +209,7 @@ class BlockHashView:
         m = min(len(hashes), r.num_tokens // h)
         if not m:
             return
-        held_content, known, groups = self._held, self._known, range(self._groups)
+        held_content, known, groups = self._held, self._known, self.scanned
         probe = self._lookups.probe_for(r, m * h, hashes[m - 1])
         for j in range(m):
             n = (j + 1) * h
@@ -218,15 +224,20 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     """The ``BlockHashView`` of a manager over ``core`` (prefixkv's manager of ``layout``)."""
     h = layout.sizes.hash_size
     unserved = None
-    fine = any(not spec.sparse and b > h for spec, b in zip(layout.groups, layout.sizes.sizes, strict=True))
-    if layout.sizes.partial and not fine:  # (a Mamba block's one entry is its content: groups/partial.py)
-        pass
+    pairs = list(zip(layout.groups, layout.sizes.sizes, strict=True))
+    fine = [g for g, (spec, b) in enumerate(pairs) if not spec.sparse and b > h]
+    plain = [g for g, (spec, b) in enumerate(pairs) if not spec.sparse and b == h]
+    if layout.sizes.partial and (not fine or plain):  # (a Mamba block's one entry is its content:
+        pass  # groups/partial.py; beside full attention of the hash block's size, a larger one's too)
     elif any(b != h for b in layout.sizes.sizes):
         unserved = ("groups of different block sizes: vLLM keys partial tail entries inside the "
                    "larger blocks, which prefixkv's block objects do not follow")
     elif any(spec.sparse for spec in layout.groups):
         unserved = ("Mamba groups: vLLM hashes only some of their states, which prefixkv's block objects "
                    "do not follow")
-    rows = [g for g, spec in enumerate(layout.groups) if not spec.releases] or range(len(layout.groups))
-    return BlockHashView(lookups, core.held_content, core.held_contents, len(layout.groups), unserved,
+    rows = [g for g, spec in enumerate(layout.groups) if not spec.releases and g not in fine] \
+        or range(len(layout.groups))
+    view = BlockHashView(lookups, core.held_content, core.held_contents, len(layout.groups), unserved,
                          rows, core.num_blocks)
+    view.scanned = [g for g in range(len(layout.groups)) if g not in fine]
+    return view

@@ -28,26 +28,12 @@ from weakref import WeakKeyDictionary
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
-from .layout import Layout, UnsupportedByPrefixKV
+from .layout import UnsupportedByPrefixKV
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["HitCaps", "check_events"]
-
-
-def check_events(layout: Layout, events: bool) -> None:
-    """Raises UnsupportedByPrefixKV, at construction, for KV events (or a metrics
-    collector, which reads them) with vLLM's partial hits and a full-attention group
-    larger than the hash block: there the events, and the block hashes read with them
-    on, were found to differ from vLLM's (tests/engines/test_vllm_fine_full.py)."""
-    h = layout.sizes.hash_size
-    if events and layout.sizes.partial and any(
-            not s.sparse and b > h for s, b in zip(layout.groups, layout.sizes.sizes, strict=True)):
-        raise UnsupportedByPrefixKV(
-            f"prefixkv does not offer KV events or a metrics collector beside vLLM's fine-grained partial "
-            f"hits with a full-attention group larger than the hash block {h} (block sizes "
-            f"{list(layout.sizes.sizes)}): its events there are not vLLM's")
+__all__ = ["HitCaps"]
 
 
 class HitCaps:

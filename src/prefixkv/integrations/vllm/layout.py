@@ -222,9 +222,10 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     request goes on). prefixkv's hybrid manager serves them (``BlockSizes.partial``,
     docs/groups.md "Partial hits") with Mamba groups of one size and full-attention
     groups, at least one, all of one size, a multiple of the hash block (larger: vLLM
-    then looks up inside its blocks too, groups/partial_full.py; without KV events,
-    hit_caps.check_events); raises UnsupportedByPrefixKV for the rest (full attention
-    of two sizes; a window of the hash block's size; Mamba alone)."""
+    then looks up inside its blocks too, groups/partial_full.py), or of two sizes, one
+    the hash block's, each of one spec; raises UnsupportedByPrefixKV for the rest (full
+    attention of two sizes larger than the hash block, or of several specs at a size; a
+    window of the hash block's size; Mamba alone)."""
     from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
@@ -237,13 +238,17 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
     mamba = {g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec}
     rest = {(type(g.kv_cache_spec) in FULL_SPECS, g.kv_cache_spec.block_size)
             for g in groups if type(g.kv_cache_spec) is not MambaSpec}
-    if len(mamba) != 1 or len(rest) != 1 or any(not full or b % hashes for full, b in rest):
+    # (two sizes: one of the hash block's; vLLM looks each spec up once, in the order of its
+    # first group, and prefixkv each size: one spec per size)
+    two = len(rest) == 2 and min(b for _, b in rest) == hashes and len(
+        {g.kv_cache_spec for g in groups if type(g.kv_cache_spec) is not MambaSpec}) == 2
+    if len(mamba) != 1 or len(rest) != 1 and not two or any(not full or b % hashes for full, b in rest):
         raise UnsupportedByPrefixKV(
             f"prefixkv offers vLLM's fine-grained partial hits (a Mamba group of block size "
             f"{max(mamba)} beyond the hash block {hashes}, beside groups that all look up at "
             f"the hash block) with Mamba groups of one size beside full-attention groups of one "
-            f"size, a multiple of the hash block, only, got "
-            f"{[type(g.kv_cache_spec).__name__ for g in groups]} of "
+            f"size, a multiple of the hash block, or of two, one the hash block's, each of one "
+            f"spec, only, got {[type(g.kv_cache_spec).__name__ for g in groups]} of "
             f"{[g.kv_cache_spec.block_size for g in groups]}; docs/groups.md")
     return True
 

@@ -36,7 +36,7 @@ from .block_hash_view import BlockHashView
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .growth import grow
-from .hit_caps import HitCaps, check_events
+from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
 from .mamba import StepCache, allocating, check_call, noting
 from .pool import BlockPoolView, Blocks
@@ -126,7 +126,6 @@ class KVCacheManager(StepCalls):
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
                                 None if layout.sizes.one_size else layout.sizes, layout.groups)
         events = enable_kv_cache_events or metrics_collector is not None
-        check_events(layout, events)  # (hit_caps.py)
         lookahead = index(num_hash_lookahead_tokens) if enable_caching else 0  # (a bool: vLLM's tests')
         if lookahead and not self._serves_lookahead:  # (lookahead.py's class does)
             raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
