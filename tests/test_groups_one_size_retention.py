@@ -13,7 +13,7 @@ from machine_rules import case
 from prefixkv import ConfigError
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.groups.sized import SizedHybridKVCacheManager
-from test_groups_sizes_machine import SizedMachine
+from test_groups_sizes_machine import PREFIXES, SizedMachine
 
 
 class OneSizeRetention(SizedMachine):
@@ -128,3 +128,55 @@ def test_fork_and_uncache_blocks_beside_a_retention_are_refused_before_any_chang
     assert m.num_free_blocks == free and m.get_block_ids("a") == ids
     assert m.lookup(list(range(40)) + [1]) == 32  # (the tails at 16 and 32: segments and replay mark)
     m.check_invariants()
+
+
+def _steps(machine, steps):
+    """Run ``steps`` (rule name, keyword arguments; a ``("live", k)`` value names the k-th
+    request added) on a fresh ``machine`` with its invariants after each, as Hypothesis
+    runs a found example."""
+    state = machine()
+    state.setup()
+    live = []
+    for name, kw in steps:
+        kw = {k: live[v[1]] if isinstance(v, tuple) and v[:1] == ("live",) else v for k, v in kw.items()}
+        got = getattr(state, name)(**kw)
+        if name.startswith("add"):
+            live.append(got)
+        state.consistent()
+        state.same_events()
+        state.same_hits()
+        state.same_tables_and_free_queue()
+    state.teardown()
+
+
+P = PREFIXES[0]
+
+
+@pytest.mark.parametrize(("machine", "steps"), [
+    (PureWindowMachine, [  # a rewind into a hit block shared with a live request
+        ("reset", {}),
+        ("add", dict(chunk=None, extra=None, prompt=P[:9])),
+        ("add", dict(chunk=1, extra=None, prompt=P[:24] + [0])),
+        ("add_sibling", dict(chunk=None, more=[0], rid=("live", 0))),
+        ("rewind", dict(back=2, cuts=[], other=None, rid=("live", 1))),
+        ("rewind", dict(back=2, cuts=[], other=None, rid=("live", 2)))]),
+    (PureWindowLatestMachine, [  # ... whose other holder then goes
+        ("add", dict(chunk=None, extra=None, prompt=P[:9])),
+        ("add", dict(chunk=None, extra=None, prompt=P[:16] + [0])),
+        ("add_sibling", dict(chunk=None, more=[0], rid=("live", 1))),
+        ("rewind", dict(back=2, cuts=[], other=[], rid=("live", 0))),
+        ("free", dict(rid=("live", 1))),
+        ("add_sibling", dict(chunk=1, more=[0], rid=("live", 2))),
+        ("rewind", dict(back=2, cuts=[], other=None, rid=("live", 3))),
+        ("add", dict(chunk=None, extra=None, prompt=[0])),
+        ("rewind", dict(back=1, cuts=[], other=None, rid=("live", 0))),
+        ("free", dict(rid=("live", 0)))]),
+], ids=["shared", "shared-then-freed"])
+def test_a_rewind_into_a_hit_keeps_the_content_other_requests_recorded(machine, steps):
+    """Found by the machines above (session 28): after a rewind into a block of its hit
+    that another request shares (pinned: the recompute gives the same tokens), the block
+    keeps the content that request's count recorded, also once that request goes;
+    ``check_invariants`` called it content this request's count does not record (its hit,
+    where such content is allowed, now ends below the block). Tables, free queue, events
+    and hits agree with the reference throughout."""
+    _steps(machine, steps)

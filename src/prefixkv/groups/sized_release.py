@@ -43,7 +43,11 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     prefix id is not lost and no content was lost since its admission
     (``GroupIndex.losses``). After content was lost (a ``rewind``: it keeps the blocks
     below its point that were recorded at a later count), a block also holds content
-    where the count the request reached (``num_reserved``) records it."""
+    where the count the request reached (``num_reserved``) records it. In a window with a
+    retention a block may hold content (its prefix's: ``GroupRequest.check``) that this
+    request's count does not record: another request's count recorded it, live or gone,
+    as for the blocks of its hit (a rewind into a block it shared lowers its hit below
+    them, and the recompute, pinned to the same tokens, keeps them)."""
     sizes, n, sound, marks = self.sizes, req.num_scheduled, req.losses == self._index.losses, req.marks
     states, reached = req.states or (), max(n, req.num_reserved)
     marked = checkpoints.entries(self, req) if self._checkpoints else ()  # (the prompt's boundary)
@@ -55,7 +59,8 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
             want = (sizes.caches(spec, g, n, j, marks) and (not spec.sparse or (g, j) in states)
                     or (g, j) in marked)
             if b is not None and not node.lost and (b.key is not None or sound) and \
-                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j, marks)):
+                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j, marks)) \
+                    and not (b.key is not None and spec.retention is not None):
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
     return req.check(self.groups, sizes, marked)
