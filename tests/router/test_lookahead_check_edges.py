@@ -53,3 +53,24 @@ def test_entries_of_the_widest_length_read_are_compared():
     after[2] = after[2][:-1] + [0]  # block 2's last token after it differs
     router.check_hashes("a", batch(stored(hashes, prompt[:3 * BS], after)))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (6, 1)
+
+
+def test_entries_past_the_blocks_compared_are_not_read():
+    """Block 2's extra keys (an image's) end the run compared at 2 blocks: its entry,
+    of another width or unreadable, neither flags nor drops the 2 blocks compared."""
+    router = Router(["a"], block_size=BS, hash_lookahead_tokens=2)
+    toks = list(range(1, 13))
+    h = router.prompt_hashes(toks + [13, 14])
+    for third in ([13, 14, 15], "x"):
+        ev = stored(h, toks, [[5, 6], [9, 10], third])
+        ev["extra_keys"] = [None, None, ["img"]]
+        router.check_hashes("a", batch(ev))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (4, 0)
+
+
+def test_an_unreadable_last_entry_leaves_the_run_uncompared():
+    router = Router(["a"], block_size=BS, hash_lookahead_tokens=2)
+    toks = list(range(1, 13))
+    h = router.prompt_hashes(toks + [13, 14])
+    router.check_hashes("a", batch(stored(h, toks, [[5, 6], [9, 10], "x"])))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
