@@ -5,6 +5,8 @@ an entry of exactly the widest length the check reads is compared."""
 
 from __future__ import annotations
 
+import logging
+
 import msgpack
 
 from prefixkv.router import Router
@@ -74,3 +76,13 @@ def test_an_unreadable_last_entry_leaves_the_run_uncompared():
     h = router.prompt_hashes(toks + [13, 14])
     router.check_hashes("a", batch(stored(h, toks, [[5, 6], [9, 10], "x"])))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
+
+
+def test_the_first_run_under_another_lookahead_is_warned_of_as_such(caplog):
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    with caplog.at_level(logging.WARNING, logger="prefixkv.router"):
+        router.check_hashes("a", batch(stored(router.prompt_hashes(toks), toks, [[7, 8]] * 3)))
+    assert router.hash_mismatches["a"] == 1
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "hashed with 2 lookahead tokens" in warned[0]
