@@ -1,0 +1,34 @@
+"""Edges of the hash check's reading of a batch (sampled.py) that the scenarios of
+test_hash_check.py leave open (mutants-r28): a run longer than the sample is read past
+its hashes in map form (the fields after them still read), and a block past those
+compared is not read for its hash."""
+
+from __future__ import annotations
+
+import msgpack
+
+from prefixkv.router import Router
+from prefixkv.router.hash_check import SAMPLE_BLOCKS
+
+BS = 4
+
+
+def test_a_run_longer_than_the_sample_is_read_past_its_hashes():
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, (SAMPLE_BLOCKS + 8) * BS + 1))
+    ev = {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks),
+          "parent_block_hash": None, "token_ids": toks, "block_size": BS}
+    router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (SAMPLE_BLOCKS, 0)
+
+
+def test_a_block_past_those_compared_is_not_read_for_its_hash():
+    """Block 2's extra keys (an image's) end the run compared at 2 blocks: its hash,
+    not one a replica sends, does not drop the 2 blocks compared."""
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    ev = {"type": "BlockStored", "block_hashes": [*router.prompt_hashes(toks)[:2], "x"],
+          "parent_block_hash": None, "token_ids": toks, "block_size": BS,
+          "extra_keys": [None, None, ["img"]]}
+    router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (2, 0)
