@@ -1,6 +1,6 @@
 """Edges of the hash check's reading of a batch (sampled.py) that the scenarios of
 test_hash_check.py leave open (mutants-r28): a run longer than the sample is read past
-its hashes in map form (the fields after them still read), and a block past those
+its hashes and extra keys in map form (the fields after them still read), and a block past those
 compared is not read for its hash."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def test_a_run_longer_than_the_sample_is_read_past_its_hashes():
     router = Router(["a"], block_size=BS)
     toks = list(range(1, (SAMPLE_BLOCKS + 8) * BS + 1))
     ev = {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks),
-          "parent_block_hash": None, "token_ids": toks, "block_size": BS}
+          "parent_block_hash": None, "extra_keys": [None] * (SAMPLE_BLOCKS + 8),
+          "token_ids": toks, "block_size": BS}
     router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (SAMPLE_BLOCKS, 0)
 
