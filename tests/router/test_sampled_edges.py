@@ -1,14 +1,14 @@
 """Edges of the hash check's reading of a batch (sampled.py) that the scenarios of
 test_hash_check.py leave open (mutants-r28): a run longer than the sample is read past
-its hashes and extra keys in map form (the fields after them still read), and a block past those
-compared is not read for its hash."""
+its hashes and extra keys in map form (the fields after them still read), a block past
+those compared is not read for its hash, and the sample bounds a batch's runs together."""
 
 from __future__ import annotations
 
 import msgpack
 
 from prefixkv.router import Router
-from prefixkv.router.hash_check import SAMPLE_BLOCKS
+from prefixkv.router.hash_check import SAMPLE_BLOCKS, sample_runs
 
 BS = 4
 
@@ -33,3 +33,14 @@ def test_a_block_past_those_compared_is_not_read_for_its_hash():
           "extra_keys": [None, None, ["img"]]}
     router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (2, 0)
+
+
+def test_the_sample_bounds_a_batchs_runs_together():
+    router = Router(["a"], block_size=BS)
+    first, second = list(range(1, 13)), list(range(100, 112))
+    events = [{"type": "BlockStored", "block_hashes": router.prompt_hashes(t),
+               "parent_block_hash": None, "token_ids": t, "block_size": BS}
+              for t in (first, second)]
+    runs = sample_runs(msgpack.packb([1.0, events, 0]), BS, 5)
+    assert [len(r.hashes) for r in runs] == [3, 2]
+    assert list(runs[1].tokens) == second[:2 * BS]
