@@ -1,7 +1,8 @@
 """Edges of the hash check's reading of a batch (sampled.py) that the scenarios of
 test_hash_check.py leave open (mutants-r28): a run longer than the sample is read past
 its hashes and extra keys in map form (the fields after them still read), a block past
-those compared is not read for its hash, and the sample bounds a batch's runs together."""
+those compared is not read for its hash, the sample bounds a batch's runs together, and
+a nil or malformed field is passed over, the fields and runs after it still read."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def test_the_sample_bounds_a_batchs_runs_together():
     runs = sample_runs(msgpack.packb([1.0, events, 0]), BS, 5)
     assert [len(r.hashes) for r in runs] == [3, 2]
     assert list(runs[1].tokens) == second[:2 * BS]
+
+
+def run_of(router, toks, **fields):
+    return {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks),
+            "parent_block_hash": None, **fields, "token_ids": toks, "block_size": BS}
+
+
+def test_a_nil_field_before_the_token_ids_is_passed_over():
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    router.check_hashes("a", msgpack.packb([1.0, [run_of(router, toks, extra_keys=None)], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3, 0)
+
+
+def test_a_run_with_a_malformed_field_leaves_the_batchs_other_runs_read():
+    router = Router(["a"], block_size=BS)
+    first, second = list(range(1, 13)), list(range(100, 112))
+    events = [run_of(router, first, extra_keys="x"), run_of(router, second)]
+    router.check_hashes("a", msgpack.packb([1.0, events, 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3, 0)
