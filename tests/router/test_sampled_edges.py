@@ -65,3 +65,13 @@ def test_a_run_with_a_malformed_field_leaves_the_batchs_other_runs_read():
     events = [run_of(router, first, extra_keys="x"), run_of(router, second)]
     router.check_hashes("a", msgpack.packb([1.0, events, 0]))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3, 0)
+
+
+def test_an_entry_longer_than_read_is_passed_over():
+    """Block 2's extra keys, more items than the check reads, end the run compared at 2
+    blocks; the token ids after them are still read."""
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    ev = run_of(router, toks, extra_keys=[None, None, ["a", "b", "c", "d", "e"]])
+    router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (2, 0)
