@@ -2,7 +2,7 @@
 test_hash_check.py leave open (mutants-r28): a run longer than the sample is read past
 its hashes and extra keys in map form (the fields after them still read), a block past
 those compared is not read for its hash, the sample bounds a batch's runs together, and
-a nil or malformed field is passed over, the fields and runs after it still read."""
+a nil or malformed field or event is passed over, the fields and runs after it still read."""
 
 from __future__ import annotations
 
@@ -75,3 +75,17 @@ def test_an_entry_longer_than_read_is_passed_over():
     ev = run_of(router, toks, extra_keys=[None, None, ["a", "b", "c", "d", "e"]])
     router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (2, 0)
+
+
+def test_events_read_past_are_passed_over_and_the_runs_after_them_read():
+    """Before a run the check compares: an event that is not a map nor an array, one of
+    another type in vLLM's array form, and a run of no blocks stating block size 0."""
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    stored = ["BlockStored", router.prompt_hashes(toks), None, toks, BS, None, "GPU", None,
+              [None] * 3, 0, "full_attention", None, None, None, None, None]
+    empty = {"type": "BlockStored", "block_hashes": [], "parent_block_hash": None,
+             "token_ids": [], "block_size": 0}
+    for i, before in enumerate([5, ["BlockRemoved", [123], "GPU"], empty]):
+        router.check_hashes("a", msgpack.packb([1.0, [before, stored], 0]))
+        assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3 * (i + 1), 0)
