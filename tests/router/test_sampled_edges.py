@@ -79,13 +79,25 @@ def test_an_entry_longer_than_read_is_passed_over():
 
 def test_events_read_past_are_passed_over_and_the_runs_after_them_read():
     """Before a run the check compares: an event that is not a map nor an array, one of
-    another type in vLLM's array form, and a run of no blocks stating block size 0."""
+    another type in vLLM's array form, a run of no blocks stating block size 0, and a
+    run without token ids (a snapshot's)."""
     router = Router(["a"], block_size=BS)
     toks = list(range(1, 13))
     stored = ["BlockStored", router.prompt_hashes(toks), None, toks, BS, None, "GPU", None,
               [None] * 3, 0, "full_attention", None, None, None, None, None]
     empty = {"type": "BlockStored", "block_hashes": [], "parent_block_hash": None,
              "token_ids": [], "block_size": 0}
-    for i, before in enumerate([5, ["BlockRemoved", [123], "GPU"], empty]):
+    snapshot = {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks),
+                "parent_block_hash": None, "block_size": BS}  # (no token ids)
+    for i, before in enumerate([5, ["BlockRemoved", [123], "GPU"], empty, snapshot]):
         router.check_hashes("a", msgpack.packb([1.0, [before, stored], 0]))
         assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3 * (i + 1), 0)
+
+
+def test_a_run_whose_hashes_are_not_hashes_is_not_compared():
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    ev = {"type": "BlockStored", "block_hashes": ["x", "y", "z"], "parent_block_hash": None,
+          "token_ids": toks, "block_size": BS}
+    router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
