@@ -97,7 +97,37 @@ def test_events_read_past_are_passed_over_and_the_runs_after_them_read():
 def test_a_run_whose_hashes_are_not_hashes_is_not_compared():
     router = Router(["a"], block_size=BS)
     toks = list(range(1, 13))
-    ev = {"type": "BlockStored", "block_hashes": ["x", "y", "z"], "parent_block_hash": None,
-          "token_ids": toks, "block_size": BS}
+    for hashes in (["x", "y", "z"], [*router.prompt_hashes(toks)[:2], "z"]):
+        ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
+              "token_ids": toks, "block_size": BS}
+        router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
+
+
+def test_a_batch_without_its_rank_is_read():
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    router.check_hashes("a", msgpack.packb([1.0, [run_of(router, toks)]]))  # (no dp rank)
+    assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (3, 0)
+
+
+def test_a_run_with_no_block_to_compare_is_passed_over_under_lookahead():
+    """A LoRA's run without extra keys has no block the check can rehash (module doc):
+    passed over, its lookahead entries unread, beside a router with lookahead keys."""
+    router = Router(["a"], block_size=BS, hash_lookahead_tokens=2)
+    toks = list(range(1, 13))
+    ev = {"type": "BlockStored", "block_hashes": router.prompt_hashes(toks + [13, 14]),
+          "parent_block_hash": None, "lora_name": "ad", "token_ids": toks, "block_size": BS,
+          "lookahead_token_ids": [[5, 6], [9, 10], [13, 14]]}
     router.check_hashes("a", msgpack.packb([1.0, [ev], 0]))
     assert (router.hash_checked["a"], router.hash_mismatches["a"]) == (0, 0)
+
+
+def test_a_run_is_read_in_blocks_of_its_own_stated_size():
+    """``sample_runs`` reads a run's token ids in blocks of the size its event states
+    (the check then passes over a size other than the router's, by ``block_size``)."""
+    toks = list(range(1, 25))
+    ev = {"type": "BlockStored", "block_hashes": [11, 12, 13], "parent_block_hash": None,
+          "token_ids": toks, "block_size": 2 * BS}
+    runs = sample_runs(msgpack.packb([1.0, [ev], 0]), BS, SAMPLE_BLOCKS)
+    assert [(r.block_size, r.hashes, list(r.tokens)) for r in runs] == [(2 * BS, [11, 12, 13], toks)]
