@@ -46,3 +46,19 @@ def test_a_lost_content_finds_a_slot_of_the_plan_in_flight_under_it():
     tier.copies_done()
     tier.end_step()
     assert tier.check() is None and tier.slots[0] in tier._empty
+
+
+def test_a_content_evicted_past_a_loss_but_held_in_a_slot_keeps_the_slots_under_it():
+    """Every block after a lost one is passed as lost (``lost``: no slot is looked for
+    them), but a content a slot still holds is not gone: the pinned slot under it stays
+    (mutants-r28: the ``find`` check of ``_withdraw_orphans``)."""
+    tier = HostTier(3, EventLog(100))
+    tier.demote([block(5, b"p", 0, 50)], 2)                    # slot 0: content 50
+    tier.demote([block(8, b"c", 50, 40)], 2)                   # slot 1, under content 50
+    tier.demote([block(6, b"y", 0, 20)], 2)                    # slot 2: every slot pinned
+    tier.demote([block(7, b"z", 0, 30), block(9, b"p", 0, 50)], 2)  # 30 lost; 50 held
+    assert tier.find(0, b"p", b"") is tier.slots[0]
+    assert tier.find(50, b"c", b"") is tier.slots[1] and tier.check() is None
+    assert tier.offload_dst == [0, 1, 2]
+    tier.end_step()
+    assert tier.check() is None and tier.find(50, b"c", b"") is tier.slots[1]

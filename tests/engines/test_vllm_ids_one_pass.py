@@ -135,3 +135,28 @@ def test_allocate_slots_lists_the_new_blocks_ids_alone(prepared: bool) -> None:
         assert got[0].get_block_ids() == ([i + off for i in ids[hit // BS:]],)
         assert len(ids) - hit // BS == 4
     assert (costs[1] - costs[0]) / (512 - 16) <= 1
+
+
+def test_a_hybrid_allocate_slots_after_a_hit_lists_each_groups_new_blocks_alone() -> None:
+    # full attention and a 32-token window (test_vllm_plugin.py's hybrid hit): after a
+    # hit of 5 blocks, a prompt of 2 blocks more gets 2 new blocks a group, and vLLM's
+    # answer lists those alone, each group's past the hit (mutants-r28: slots.py l.158)
+    from prefixkv.integrations.vllm import KVCacheManager as Plugin
+
+    from .test_vllm_plugin import BS as PBS
+    from .test_vllm_plugin import config, full, request, window
+
+    m = Plugin(config(full(), window(), num_blocks=21), max_model_len=8192,
+               scheduler_block_size=PBS, hash_block_size=PBS)
+    a = request("a", list(range(5 * PBS)))
+    m.allocate_slots(a, 5 * PBS)
+    a.num_computed_tokens = 5 * PBS
+    m.free(a)
+    b = request("b", list(range(5 * PBS)) + list(range(900, 900 + 2 * PBS)))
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 5 * PBS
+    got = m.allocate_slots(b, 2 * PBS, hit, blocks)
+    assert got is not None
+    held = m.get_block_ids("b")
+    assert [len(ids) for ids in held] == [7, 7]
+    assert got.get_block_ids() == tuple(ids[5:] for ids in held)
