@@ -36,10 +36,12 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
     size). With ``peek``, vLLM's EAGLE hit (``hits.peeking_sized_hit``), which may look
     at the prompt's last full hash block. Raises ConfigError for a ``peek`` on a layout
-    ``check_peek`` refuses."""
+    ``check_peek`` refuses, or with ``alone``."""
     h, sizes, find = self._hash_size, self.sizes, self._index.find
     if any(peek):
         check_peek(self.groups, sizes.sizes)
+        if alone is not None:
+            raise ConfigError("lookup_per_group's peek is served at one block size only")
     cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
     walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)

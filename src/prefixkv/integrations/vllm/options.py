@@ -61,12 +61,18 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     the dropped block once per candidate, and a group that already dropped it is checked
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
+    if "mamba" in kinds and not layout.sizes.one_size:
+        raise UnsupportedByPrefixKV("prefixkv offers EAGLE's shortened hits (use_eagle) beside a "
+                                    "Mamba group with every group, the scheduler and the hashes at "
+                                    "one block size only (vLLM moves Mamba's checkpoints to EAGLE's "
+                                    f"replay boundary), got {layout.sizes}")
     if not all(g.cached for g in layout.groups):
         raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
                                     "beside SWA bounded replay (an uncached window)")
-    if not kinds <= {"full_attention", "sliding_window"}:
+    if not kinds <= {"full_attention", "sliding_window", "mamba"}:
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
-                                    f"full-attention and sliding-window groups only, got {sorted(kinds)}")
+                                    f"full-attention, sliding-window and Mamba groups only, got "
+                                    f"{sorted(kinds)}")
     distinct: list[Any] = []
     for spec in layout.specs:
         if spec not in distinct:
@@ -76,5 +82,5 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
                                     f"one other group spec at most, a full-attention one of the "
                                     f"two, got {len(distinct)} specs")
     flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
-    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
-                 for spec in layout.specs)
+    return tuple(not g.sparse and any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
+                 for g, spec in zip(layout.groups, layout.specs, strict=True))
