@@ -30,12 +30,38 @@ torch = pytest.importorskip("torch")
 from .test_vllm_block_sizes_reference import _request, _spec  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
-from .test_vllm_sized_model import MAX_LEN, PROMPT  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PARTIAL, PROMPT  # noqa: E402
 
-LAYOUTS = {  # (block size, kind) per group, all at one size
+LAYOUTS = {  # (block size, kind) per group, all at one size ...
     "full8+mamba8": ((8, None), (8, "mamba")),
     "mamba4+full4+full4": ((4, "mamba"), (4, None), (4, None)),
+    # ... and with vLLM's fine-grained partial hits (full attention at the hash block)
+    **{f"partial hits: {k}": v for k, v in PARTIAL.items()},
 }
+
+
+def eagle_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int, partial: bool) -> int:
+    """``n`` tokens from ``start`` (of ``total``, a prompt of ``prompt``) as vLLM's
+    ``_mamba_block_aligned_split`` cuts them with EAGLE (Mamba blocks of ``step``): a
+    chunk starting inside a block ends at its end, none runs past the last block boundary
+    EAGLE resumes at (one block below the tokens' last) nor, with partial hits, past the
+    prompt's Mamba entry (one hash block below its last hash boundary) inside a block;
+    another ends at a block's end unless it ends the request (at least one token)."""
+    end, last = start + n, total // step * step - step
+    tail = max(prompt // h * h - h, 0) if partial else 0
+    stops = [end, *([start + step - start % step] if start % step else []),
+             *([tail] if start < tail < end and tail % step else []), *([last] if start < last < end else [])]
+    end = min(stops)
+    if end < total and end != tail and start < end // step * step < end:
+        end = end // step * step
+    return end - start
+
+
+class EagleSides(Sides):
+    """``Sides`` whose chunks end where vLLM's scheduler ends them with EAGLE."""
+
+    def _chunk(self, start: int, n: int, total: int, prompt: int) -> int:
+        return eagle_chunk(self.step, self.h, start, n, total, prompt, self.partial)
 
 
 def _config(groups: Any, num_blocks: int, flag: int | None) -> Any:
@@ -48,55 +74,74 @@ def _config(groups: Any, num_blocks: int, flag: int | None) -> Any:
 
 
 def sides(groups: Any, num_blocks: int, flag: int | None) -> Sides:
-    """test_vllm_mamba_sizes' ``Sides`` whose two managers take ``use_eagle``."""
+    """``EagleSides`` whose two managers take ``use_eagle`` (vLLM's partial hits on where
+    the groups' sizes differ), ``is_eagle_group`` on group ``flag`` (None: none)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     from prefixkv.integrations.vllm import KVCacheManager
 
-    s = Sides(groups, num_blocks)
-    s.groups, s.written, s.stamp, s.checked = groups, {}, {}, 0  # (check_holds)
+    s = EagleSides(groups, num_blocks, partial=len({b for b, _ in groups}) > 1)
+    s.groups, s.written, s.copied, s.checked = groups, {}, [], 0  # (check_holds)
     init_none_hash(sha256)
-    b = groups[0][0]
-    s.ms = [make(_config(groups, num_blocks, flag), max_model_len=256, scheduler_block_size=b,
-                 hash_block_size=b, use_eagle=True) for make in (VllmManager, KVCacheManager)]
+    s.ms = [make(_config(groups, num_blocks, flag), max_model_len=256, scheduler_block_size=s.lcm,
+                 hash_block_size=s.h, use_eagle=True) for make in (VllmManager, KVCacheManager)]
+    _noting_copies(s)
     return s
 
 
 def check_holds(s: Sides, probe: list[int]) -> None:
-    """Note what prefixkv's blocks hold now (``_write``), then check that each block of
-    its hit for ``probe`` and for each live request's tokens holds, in its group, the
-    prefix up to that block's end (a wrong KV: anything else)."""
+    """Note what prefixkv's blocks hold now (``_write``), then check that the blocks of
+    its hit for ``probe`` and for each live request's tokens hold, in their group, what
+    the hit says: an attention block the prefix up to its end, a Mamba group's last
+    entry the state at the hit's end (a wrong KV: anything else)."""
     _write(s)
     m = s.ms[1]
     for tokens in [probe] + [list(r.all_token_ids) + [0] for r in s.reqs[1].values()]:
         blocks, hit, _ = m.get_computed_blocks(_request("holds", tokens, s.h))
         for g, ids in enumerate(blocks.get_block_ids()):
+            b = s.groups[g][0]
+            if s.groups[g][1] == "mamba":
+                assert not ids or s.written.get(ids[-1]) == tuple(tokens[:hit]), (g, ids, hit)
+                continue
             for j, i in enumerate(ids):
-                if i:  # (0: vLLM's null block, a Mamba entry below the state it reads)
-                    assert s.written.get((g, i)) == tuple(tokens[:(j + 1) * s.h]), (g, j, i, hit)
+                assert s.written.get(i) == tuple(tokens[:(j + 1) * b]), (g, j, i, hit)
         s.checked += hit > 0
 
 
 def _write(s: Sides) -> None:
-    """What each live request's blocks hold: its tokens up to each whole block it
-    computed in an attention group; in a Mamba group the state at its computed tokens,
-    in the block its step ended in (each entry is written once: its block's content
-    from then on, whether the request goes on or is freed, until a request takes it)."""
-    m, mamba = s.ms[1], {g for g, (_, w) in enumerate(s.groups) if w == "mamba"}
+    """What prefixkv's blocks hold after the step (by block id): first the copies the
+    step queued (their source's content before it), then each live request's tokens up
+    to each whole block it computed in an attention group, and in a Mamba group the
+    state at its computed tokens in the block its step ended in."""
+    m = s.ms[1]
+    for src, dst in s.copied:
+        s.written[dst] = s.written.get(src)
+    s.copied.clear()
     for r in s.reqs[1].values():
         n, tokens = r.num_computed_tokens, tuple(r.all_token_ids)
         for g, ids in enumerate(m.get_block_ids(r.request_id)):
-            if g in mamba:
-                j = -(-n // s.h) - 1
-                if 0 <= j < len(ids) and ids[j] and s.stamp.get((r.request_id, g)) != (ids[j], n):
-                    s.written[(g, ids[j])] = tokens[:n]
-                    s.stamp[(r.request_id, g)] = (ids[j], n)
+            b = s.groups[g][0]
+            if s.groups[g][1] == "mamba":
+                j = -(-n // b) - 1
+                if 0 <= j < len(ids) and ids[j]:
+                    s.written[ids[j]] = tokens[:n]
                 continue
-            for j, i in enumerate(ids[:n // s.h]):
-                if i:
-                    s.written[(g, i)] = tokens[:(j + 1) * s.h]
+            for j, i in enumerate(ids[:n // b]):
+                s.written[i] = tokens[:(j + 1) * b]
+
+
+def _noting_copies(s: Sides) -> None:
+    """prefixkv's ``take_kv_cache_block_copies`` notes each copy (source, copy) for ``_write``."""
+    m = s.ms[1]
+    take = m.take_kv_cache_block_copies
+
+    def noted() -> Any:
+        copies, held = take()
+        s.copied.extend((c.src_block_id, c.dst_block_id) for c in copies)
+        return copies, held
+    m.take_kv_cache_block_copies = noted
 
 
 @pytest.mark.parametrize("flag", [None, 0, 1])
@@ -106,6 +151,8 @@ def _write(s: Sides) -> None:
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_eagle_hits_beside_mamba(layout, small, flag, ops, probe):
     groups = LAYOUTS[layout]
+    if flag is not None and flag >= len(groups):
+        return
     s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, flag)
     s.drive(ops, probe, lambda s: check_holds(s, probe))
 
@@ -183,8 +230,8 @@ def test_eagle_beside_mamba_flagged_on_mamba_only_drops_nothing():
 
 
 @pytest.mark.parametrize(("groups", "sizes", "named"), [
-    (((16, None), (32, "mamba")), (32, 16), "one block size"),  # (vLLM's partial hits)
-    (((32, None), (16, "mamba")), (32, 16), "one block size"),
+    (((32, None), (32, "mamba")), (32, 16), "hash block's size"),  # (partial hits, full 32)
+    (((32, None), (16, "mamba")), (32, 16), "one block size"),  # (no partial hits)
     (((16, None), (16, 32), (16, "mamba")), (16, 16), "one other group spec"),
 ])
 def test_eagle_beside_mamba_on_other_layouts_is_refused_by_name(groups, sizes, named):
@@ -193,3 +240,14 @@ def test_eagle_beside_mamba_on_other_layouts_is_refused_by_name(groups, sizes, n
     with pytest.raises(UnsupportedByPrefixKV, match=named):
         KVCacheManager(_config(groups, 20, None), max_model_len=8192, scheduler_block_size=sizes[0],
                        hash_block_size=sizes[1], use_eagle=True)
+
+
+def test_mambas_shared_prefix_checkpoints_beside_eagle_are_refused_by_name():
+    # vLLM acts on enable_mamba_shared_prefix_checkpoint with EAGLE and partial hits
+    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
+
+    with pytest.raises(UnsupportedByPrefixKV, match="shared-prefix checkpoints"):
+        KVCacheManager(_config(((16, None), (32, "mamba")), 20, None), max_model_len=8192,
+                       scheduler_block_size=32, hash_block_size=16, use_eagle=True,
+                       enable_mamba_shared_prefix_checkpoint=True)
+
