@@ -73,7 +73,7 @@ def _config(groups: Any, num_blocks: int, flag: int | None) -> Any:
     return replace(c, kv_cache_groups=kv)
 
 
-def sides(groups: Any, num_blocks: int, flag: int | None) -> Sides:
+def sides(groups: Any, num_blocks: int, flag: int | None, events: bool = False) -> Sides:
     """``EagleSides`` whose two managers take ``use_eagle`` (vLLM's partial hits on where
     the groups' sizes differ), ``is_eagle_group`` on group ``flag`` (None: none)."""
     from vllm.utils.hashing import sha256
@@ -82,11 +82,12 @@ def sides(groups: Any, num_blocks: int, flag: int | None) -> Sides:
 
     from prefixkv.integrations.vllm import KVCacheManager
 
-    s = EagleSides(groups, num_blocks, partial=len({b for b, _ in groups}) > 1)
+    s = EagleSides(groups, num_blocks, partial=len({b for b, _ in groups}) > 1, events=events)
     s.groups, s.written, s.copied, s.checked = groups, {}, [], 0  # (check_holds)
     init_none_hash(sha256)
     s.ms = [make(_config(groups, num_blocks, flag), max_model_len=256, scheduler_block_size=s.lcm,
-                 hash_block_size=s.h, use_eagle=True) for make in (VllmManager, KVCacheManager)]
+                 hash_block_size=s.h, use_eagle=True, enable_kv_cache_events=events)
+            for make in (VllmManager, KVCacheManager)]
     _noting_copies(s)
     return s
 
@@ -156,6 +157,22 @@ def test_the_plugin_gives_vllms_eagle_hits_beside_mamba(layout, small, flag, ops
     s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, flag)
     s.drive(ops, probe, lambda s: check_holds(s, probe))
 
+
+
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k.startswith("partial hits: ")])
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_plugin_announces_vllms_events_with_eagle_beside_mamba(layout, ops, probe):
+    # (vLLM's KV events on: after every step the same entries stored and removed, the
+    # Mamba partial entries at EAGLE's replay boundary included; up to the first spare)
+    groups = LAYOUTS[layout]
+    s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3, None, events=True)
+    for op, a, b in ops:
+        s.do(op, a, b)
+        s.compare(probe)
+        if any(s.ms[1].core._index.twins):
+            return
+        s.same_events(groups)
 
 
 def _one_size(use_eagle: bool = True, **kw: Any) -> tuple[Any, ...]:
