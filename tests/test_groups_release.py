@@ -83,3 +83,36 @@ def test_uncache_blocks_leaves_the_blocks_no_request_holds():
     m.uncache_blocks(range(1, 7))
     assert m.lookup(prompt) == 8 and m.free_block_order() == order and m.take_events() == []
     m.check_invariants()
+
+
+def test_with_caching_off_nothing_is_found_and_freed_blocks_are_reused_first():
+    """``enable_caching=False`` (vLLM's manager with prefix caching off): a's 12 tokens
+    fill 3 blocks per group, none recorded; b, the same tokens, one scheduled, finds
+    nothing; b then a freed, their blocks come back to the front of the free order, each
+    free's group by group, each tail first, before the blocks freed earlier (vLLM's
+    ``prepend_n`` of uncached blocks, one call per group), and c takes them; no event.
+    With caching on, b hits 8 tokens and a's cached blocks go behind the never-used ones."""
+    a = list(range(1, 13))
+    for caching in (True, False):
+        m = manager(num_blocks=20, enable_caching=caching, enable_events=True)
+        assert m.add_request("a", a).group_block_ids == ((1, 2, 3), (4, 5, 6))
+        b = m.add_request("b", a, num_new_tokens=1)
+        assert (b.num_cached_tokens, b.group_block_ids) == \
+            ((8, ((1, 2, 7), (4, 5, 8))) if caching else (0, ((7,), (8,))))
+        m.free("b")
+        m.free("a")
+        order = m.free_block_order()
+        assert order == ([8, 7, *range(9, 20), 3, 6, 2, 5, 1, 4] if caching
+                         else [6, 5, 4, 3, 2, 1, 8, 7, *range(9, 20)])
+        assert m.add_request("c", list(range(50, 54))).group_block_ids == ((order[0],), (order[1],))
+        assert bool(m.take_events()) is caching
+        m.check_invariants()
+
+
+def test_enable_caching_must_be_a_bool():
+    import pytest
+
+    from prefixkv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="enable_caching"):
+        manager(enable_caching=1)

@@ -59,6 +59,15 @@ class Admission:
             self._blocks = None
         return self._ids
 
+    def block_ids_from(self, first: int) -> tuple[int, ...]:
+        """``block_ids[first:]`` (``first`` >= 0), without listing the ids before
+        ``first`` when ``block_ids`` has not been read: e.g. the blocks past a hit of
+        ``first`` blocks, where a long hit's ids are not wanted."""
+        if self._ids is not None:
+            return self._ids[first:]
+        assert self._blocks is not None, "an admission holds its ids or its blocks"
+        return tuple([b.block_id for b in self._blocks[first:self._n]])
+
     @property
     def group_block_ids(self) -> tuple[tuple[int, ...], ...]:
         """``block_ids`` per layer group, in group order (one group today)."""

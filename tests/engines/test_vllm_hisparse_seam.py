@@ -71,6 +71,7 @@ class SeamCheck:
         assert self.state.device.num_free == self.manager.block_pool.get_num_free_blocks()
         assert self.state.host.num_free == self.coordinator.host_manager.block_pool.get_num_free_blocks()
         assert self.seam.has_pending_work() == self.coordinator.has_pending_work()
+        assert self.seam.has_pending_reclamation() == self.coordinator.has_pending_reclamation()
         for scheduled in (0, 1, 17):
             asked = ((rid, computed, scheduled),)
             assert self.seam.all_context_pages_resident(asked) == \
@@ -179,15 +180,23 @@ def test_random_requests_side_by_side_answer_as_vllm(
     side_by_side(num_blocks, host_blocks, hot_blocks, in_flight, ops)
 
 
-@pytest.mark.parametrize("name", ["take_residency_updates", "build_row_mirrors", "finish_host_import",
-                                  "get_host_block_pool", "has_pending_reclamation", "take_host_block_copies",
-                                  "release_completed_host_copies", "free", "pending_spills",
-                                  "request_states", "resident_managers"])
+@pytest.mark.parametrize("name", ["get_host_block_pool", "complete_host_import", "free", "request_states",
+                                  "resident_managers", "hot_managers", "host_manager"])
 def test_what_the_seam_does_not_serve_is_refused_by_name(name: str) -> None:
     seam = HiSparseSeam(hisparse_state(hisparse_config(), 128, enable_caching=False))
     with pytest.raises(UnsupportedByPrefixKV, match=name):
         attr = getattr(seam, name)
-        attr()
+        attr()  # (refused unbound: a manager binds the seam to its group views)
+
+
+def test_a_call_may_be_replaced_but_no_state_set() -> None:
+    """A test's monkeypatch replaces a call of the seam (vLLM's scheduler tests mock
+    ``has_pending_reclamation``); setting vLLM's state is refused by name."""
+    seam = HiSparseSeam(hisparse_state(hisparse_config(), 128, enable_caching=False))
+    seam.has_pending_reclamation = lambda: True  # type: ignore[method-assign]
+    assert seam.has_pending_reclamation()
+    with pytest.raises(UnsupportedByPrefixKV, match="setting max_spill_pages"):
+        seam.max_spill_pages = 1
 
 
 @pytest.mark.parametrize("case", ["caching", "two-resident", "host-pool", "sizes"])

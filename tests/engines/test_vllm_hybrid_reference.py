@@ -570,18 +570,20 @@ def test_a_mamba_group_takes_one_block_per_step_and_nulls_the_positions_it_jumps
     assert answers[0][1][0] == [False, False, True, False, False, False, True]  # (the test can fail)
 
 
-def test_mamba_outside_align_mode_or_with_speculative_blocks_is_refused_at_construction():
+def test_mamba_outside_align_and_none_modes_or_with_speculative_blocks_is_refused_at_construction():
+    # (none mode with caching on: a ConfigError, test_vllm_mamba_none.py)
     from vllm.v1.kv_cache_interface import MambaSpec
 
     from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
 
-    for kw in ({"mamba_cache_mode": "none"}, {"mamba_cache_mode": "all"},
-               {"mamba_cache_mode": "align", "num_speculative_blocks": 1},
-               {"mamba_cache_mode": "align", "num_prefill_checkpoint_blocks": 1}):
+    for caching, kw in ((True, {"mamba_cache_mode": "all"}),
+                        (True, {"mamba_cache_mode": "align", "num_speculative_blocks": 1}),
+                        (False, {"mamba_cache_mode": "none", "num_speculative_blocks": 1}),
+                        (True, {"mamba_cache_mode": "align", "num_prefill_checkpoint_blocks": 1})):
         spec = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), **kw)
         with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
             KVCacheManager(config(full(BS), spec, num_blocks=20), max_model_len=MAX_LEN,
-                           scheduler_block_size=BS, hash_block_size=BS)
+                           scheduler_block_size=BS, hash_block_size=BS, enable_caching=caching)
 
 
 def test_lookahead_connector_loads_and_evict_beside_a_mamba_group_are_refused_before_any_change():

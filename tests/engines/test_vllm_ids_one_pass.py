@@ -3,7 +3,8 @@ objects of prefixkv's ids (``Blocks.of``: one C pass, its bytecodes the same for
 ids and 512), and the lookup's ids (``KVCacheManager.lookup_block_ids`` without a host
 tier: a comprehension, 6 bytecodes a block, where the loop with its type test and
 ``append`` ran 16; benchmarks/results/events-r26.md). Each answers what the loop
-answered."""
+answered. ``allocate_slots`` after a hit lists the new blocks' ids alone
+(``Admission.block_ids_from``), not the hit's again (benchmarks/results/events-r28.md)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,49 @@ def test_blocks_of_costs_the_same_for_any_length_and_gives_the_tables_objects(of
         costs.append(_counted(lambda ids=ids: blocks.of(ids)))
     assert costs[0] == costs[1]
     assert blocks.of(((), ())) is blocks.empty
+
+
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_allocate_slots_lists_the_new_blocks_ids_alone(prepared: bool) -> None:
+    # a waiting request's allocate_slots after a hit of n blocks: the blocks past the
+    # hit are vLLM's answer, so the hit's ids are not listed (main: all of them, ~5
+    # bytecodes a block); the same new blocks, the same ids, whatever n
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from prefixkv.integrations.vllm import KVCacheManager as Plugin
+
+    from .test_vllm_plugin import config, full
+
+    costs = []
+    for n in (16, 512):
+        m = Plugin(config(full(BS), num_blocks=1100), max_model_len=BS * 600,
+                   scheduler_block_size=BS, hash_block_size=BS)
+        hasher = m.prepared_prompts.hasher(None) if prepared else None
+
+        def request(rid: str, tokens: list[int], m: Plugin = m, hasher: object = hasher) -> Request:
+            return Request(request_id=rid, prompt_token_ids=tokens, pooling_params=None,
+                           sampling_params=SamplingParams(max_tokens=4), block_hasher=hasher)
+
+        cached = [7, *range(n * BS)]
+        a = request("a", cached)
+        blocks, hit, _ = m.get_computed_blocks(a)
+        assert hit == 0 and m.allocate_slots(a, len(cached)) is not None
+        m.free(a)
+        # (with cached's last token: 3 more full blocks, then a partial one)
+        tokens = [*cached, *range(5000, 5000 + 3 * BS + 2)]
+        b = request("b", tokens)
+        blocks, hit, _ = m.get_computed_blocks(b)
+        assert hit == (n + 1) * BS - BS  # (every full block of ``cached``: it ends a token short)
+        got = []
+        new = len(tokens) - hit
+        costs.append(_counted(lambda m=m, b=b, new=new, hit=hit, blocks=blocks, got=got: got.append(
+            m.allocate_slots(b, new, hit, blocks))))
+        ids = m.core.get_block_ids(m.key_of("b"))
+        off = blocks.blocks[0][0].block_id - ids[0]  # (vLLM's ids: past its null block)
+        assert [x.block_id - off for x in blocks.blocks[0]] == list(ids[:hit // BS])
+        assert got[0].get_block_ids() == ([i + off for i in ids[hit // BS:]],)
+        assert len(ids) - hit // BS == 4
+    assert (costs[1] - costs[0]) / (512 - 16) <= 1

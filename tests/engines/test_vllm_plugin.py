@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import runpy
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -81,7 +82,8 @@ def request(rid: str, tokens: list[int]) -> Request:
 
 
 @pytest.mark.parametrize(("specs", "kw", "named"), [
-    ((mamba,), {}, "Mamba"),
+    ((full, lambda: replace(mamba(), mamba_cache_mode="align", num_speculative_blocks=1)), {},
+     "Mamba's num_speculative_blocks"),
     ((cross_attention,), {}, "cross-attention"),
     ((full, lambda: full(32)), {}, "different block sizes"),
     ((full,), {"dcp_world_size": 2}, "context parallelism"),
@@ -116,7 +118,7 @@ def test_the_mamba_shared_prefix_checkpoint_flag_is_taken_and_does_nothing_as_in
 def test_hisparse_and_other_hash_block_sizes_are_refused():
     from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
 
-    with pytest.raises(UnsupportedByPrefixKV, match=r"HiSparse \(a host pool of 8 blocks\): vLLM"):
+    with pytest.raises(UnsupportedByPrefixKV, match=r"HiSparse .* this layout \(\['FullAttentionSpec'\]\)"):
         KVCacheManager(config(full(), hisparse_host_num_blocks=8), max_model_len=64,
                        scheduler_block_size=BS, hash_block_size=BS)
     with pytest.raises(UnsupportedByPrefixKV, match="hash 8"):

@@ -129,9 +129,9 @@ def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
     return max(0, pos - n + 1) if kind != "chunked" else pos - pos % n
 
 
-def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Side, Side]:
+def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None, **over: Any) -> tuple[Side, Side]:
     """prefixkv's plug-in and vLLM's own manager over groups ``specs`` (one full-attention
-    group by default)."""
+    group by default), built with the manager's keyword arguments ``over`` too."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -146,8 +146,8 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
                     else ("sliding", 2) if type(s).__name__ == "MambaSpec"  # (the state before a step)
                     else None for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
-              enable_kv_cache_events=True)
-    aligned = any(type(s).__name__ == "MambaSpec" for s in specs)
+              enable_kv_cache_events=True) | over
+    aligned = any(getattr(s, "mamba_cache_mode", None) == "align" for s in specs)
     return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned),
             Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned))
 
@@ -295,7 +295,7 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
         reads = [_first_needed(w, j * BS) // BS for w in s.windows]
         if j < len(rows[0]) and all(NULL not in ids[a:j] for a, ids in zip(reads, rows, strict=True)):
             gone = {b for ids in rows for b in ids[j:] if b != NULL}
-            s.tainted = s.tainted or any(_computed_on(s, q, gone) for q in s.live)
+            s.tainted = s.tainted or _computed_on(s, slot, gone)
             s.m.evict_blocks(gone)
             for b in gone:
                 s.held[b] = None
@@ -313,17 +313,27 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
 
 
 def _computed_on(s: Side, slot: int, gone: set[int]) -> bool:
-    """Whether the request in ``slot`` computed a block after one of ``gone`` (whose KV
-    was found invalid), one that ``gone`` leaves: prefixkv uncaches it (computed on
-    invalid KV), vLLM keeps its hash, and reaches it again once the block before it is
-    recomputed."""
-    r = s.reqs[slot]
-    full = r.num_computed_tokens // BS
-    for ids in s.m.get_block_ids(r.request_id):
-        bad = [j for j, b in enumerate(ids[:full]) if b in gone]
-        if bad and any(b != NULL and b not in gone for b in ids[bad[0] + 1:full]):
+    """Whether KV was or will be computed on the KV of ``gone`` (found invalid by the
+    request in ``slot``), which prefixkv forgets and vLLM keeps findable, reached again
+    once the invalid block is recomputed: another live request holds one of ``gone``
+    (it reads it as it goes on, a partial block or the next ones: this model's evict
+    sets back the slot's request only, where vLLM's scheduler sets back every request
+    of the step that holds the block), or a block outside ``gone`` holds a content that
+    continues one of theirs (computed on it, by a request live or gone since: prefixkv
+    forgets a lost content's cached descendants, vLLM keeps their hashes)."""
+    for q in s.live - {slot}:
+        if any(b in gone for ids in s.m.get_block_ids(s.reqs[q].request_id) for b in ids):
             return True
-    return False
+    lost = [s.held[b] for b in gone if s.held.get(b) is not None]
+    return any(h is not None and b not in gone and any(_continues(h, k) for k in lost)
+               for b, h in s.held.items())
+
+
+def _continues(h: tuple[Any, ...], k: tuple[Any, ...]) -> bool:
+    """Whether content ``h`` (an ``_identity``) lies past content ``k`` on one chain: the
+    same group, salt and adapter, ``k``'s images and tokens a prefix of ``h``'s."""
+    return (h[:3] == k[:3] and h[3][:len(k[3])] == k[3] and len(h) > len(k)
+            and h[4:len(k)] == k[4:])
 
 
 def _free_order(s: Side) -> list[int]:

@@ -3,7 +3,7 @@ those have no key, and no dict entry for the index to drop; their content is rea
 their run's record. ``BlockPool._evict`` notes each span (``lo, hi``: the index skips
 them when it unkeys) as it takes a pending run whole, or cuts its tail, and when a tier
 below keeps evicted content (``RunCounts.spans``) their records here: the tier reads
-their content (``content``, ``content_ids``).
+their content (``content``; ``among``: the positions of given content ids).
 
     evicted:  b b [p p p p] b [q q] b      p, q: two pending runs' blocks (spans)
 """
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block import Block
+from .block import Block, key_chunk
 from .run import Run
+
+Content = tuple[int, bytes, bytes, int]
+"""A block's content: (parent content id, token bytes, extra bytes, content id)."""
 
 
 class Keyless:
@@ -33,7 +36,7 @@ class Keyless:
         width = len(run.data) // (len(run.blocks) + 1)
         self.spans.append((lo, lo + k, run.data, width, at, step, run.pcid, run.cid0, run.extra))
 
-    def content(self, i: int) -> tuple[int, bytes, bytes, int]:
+    def content(self, i: int) -> Content:
         """The content of the list's block ``i`` (in a span): ``(parent content id, token
         bytes, extra bytes, content id)``."""
         for lo, hi, data, width, at, step, pcid, cid0, extra in self.spans:
@@ -43,20 +46,36 @@ class Keyless:
                         extra, cid0 + p)
         raise IndexError(f"position {i} is in no pending span")
 
-    def content_ids(self, blocks: Sequence[Block], start: int) -> list[int]:
-        """The content ids of ``blocks[start:]`` (the spans' from their records: ranges)."""
-        out: list[int] = []
+    def among(self, blocks: Sequence[Block], start: int, ids: set[int]) -> list[tuple[int, Content]]:
+        """The positions of ``blocks[start:]`` whose content id is in ``ids``, each with its
+        content (as ``content``): a keyed block's from the block (blocks with no key
+        outside the spans are passed by), a span's from its record. A span is not walked:
+        in it, position ``i`` holds id ``cid0 + p + step * (i - lo)``, so each id names at
+        most one position; a span costs the smaller of its length and ``len(ids)`` set
+        probes, in C (a lost eviction with a pending run of 8,192 blocks and a handful of
+        ids: ~90 bytecodes a block before, results/store25-r27.md section 9)."""
+        out: list[tuple[int, Content]] = []
         at = start
-        for lo, hi, _, _, p, step, _, cid0, _ in self.spans:
+        for lo, hi, data, width, p0, step, pcid, cid0, extra in self.spans:
             if hi <= start:
                 continue
             i = max(lo, start)
-            out += [b.content_id for b in blocks[at:i]]
-            first = cid0 + p + step * (i - lo)  # (block i's position in its run: p + ...)
-            out += range(first, first + step * (hi - i), step)
+            out += keyed_among(blocks, at, i, ids)
+            first = cid0 + p0 + step * (i - lo)  # (block i's id)
+            r = range(first, first + step * (hi - i), step)
+            for c in (ids.intersection(r) if len(r) <= len(ids) else [c for c in ids if c in r]):
+                p = c - cid0  # (its position in the run; step is 1 or -1)
+                out.append((lo + (p - p0) * step, (pcid if p == 0 else c - 1,
+                                                   data[(p + 1) * width:(p + 2) * width], extra, c)))
             at = hi
-        out += [b.content_id for b in blocks[at:]]
+        out += keyed_among(blocks, at, len(blocks), ids)
         return out
+
+
+def keyed_among(blocks: Sequence[Block], lo: int, hi: int, ids: set[int]) -> list[tuple[int, Content]]:
+    """``Keyless.among`` for ``blocks[lo:hi]``, keyed blocks (the others passed by)."""
+    return [(i, (b.parent_cid, key_chunk(b.key), b.extra, b.content_id)) for i in range(lo, hi)
+            if (b := blocks[i]).content_id in ids and b.key is not None]
 
 
 _new = object.__new__

@@ -127,6 +127,16 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
     keys = req.keys
     if not f.run:
         hits = []
+    elif first and f.losses == index.losses and keys.mm is None and len(f.held) == first:
+        # no content lost since the start held its device hits (they are the walk's up
+        # to the run's block, by identity): the walk's probes of that block alone, on the
+        # device after the last hit, then in a slot (a slot under a device block's content
+        # is keyed: ``HostTier.on_device``), as below for a run from the first block
+        hits = f.held
+        chunk, last = chunks[first], hits[-1]
+        if index.holds(last, chunk, keys.base) or \
+                host.find(last.content_id, chunk, keys.base) is not None:
+            hits = index.match(chunks[:end], keys.base, None)
     elif first or keys.mm is not None:
         hits = index.match(chunks[:first + 1], keys.base, keys.mm)
         if len(hits) > first:

@@ -164,9 +164,11 @@ class StoreWaits:
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
             return None
-        if on_device and held:  # the host hits go up now (pinned above), as an admission
-            promote(f, d, held, chunks[d:first], self.index, host)  # loads them (a refused
-            # fetch gives their blocks back empty: no content of theirs to forget)
+        if on_device:
+            if held:  # the host hits go up now (pinned above), as an admission loads them
+                promote(f, d, held, chunks[d:first], index, host)  # (a refused fetch
+                # gives their blocks back empty: no content of theirs to forget)
+            f.losses = index.losses  # (``land``: no walk up to the run while it stays)
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)

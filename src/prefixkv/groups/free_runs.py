@@ -33,9 +33,10 @@ def finder(index: GroupIndex, req: GroupRequest) -> Found:
     but a full-attention group (not sparse) while ``req`` is known to find the whole
     prefix there (``GroupRequest.losses``): no miss, without touching the prefix's
     nodes (asking would cost a pass over a long request's cold nodes, most of a finished
-    request's order: benchmarks/results/uncache-r16.md)."""
+    request's order: benchmarks/results/uncache-r16.md); not with caching off (no
+    content recorded: ``GroupIndex.records``)."""
     finds, nodes = index.finds, req.nodes
-    if req.tainted_from is None and req.losses == index.losses:
+    if req.tainted_from is None and req.losses == index.losses and index.records:
         every = [not s.releases and not s.sparse for s in index.specs]
         return lambda g, lo, hi: () if every[g] else finds(g, nodes[lo:hi])
     return lambda g, lo, hi: finds(g, nodes[lo:hi])
@@ -44,7 +45,7 @@ def finder(index: GroupIndex, req: GroupRequest) -> Found:
 def unfound(index: GroupIndex, req: GroupRequest) -> str | None:
     """Where a request that ``finder`` counts on finding its whole prefix in its
     full-attention groups does not (None: nowhere, or not counted on)."""
-    if req.tainted_from is not None or req.losses != index.losses:
+    if req.tainted_from is not None or req.losses != index.losses or not index.records:
         return None
     for g, s in enumerate(index.specs):
         if not s.releases and not s.sparse:

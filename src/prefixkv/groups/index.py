@@ -52,8 +52,10 @@ class GroupIndex:
     ``clear``, ``check``); the manager records and finds content through the rest."""
 
     def __init__(self, specs: Sequence[GroupSpec], num_blocks: int, table: PrefixTable,
-                 sink: EventSink) -> None:
+                 sink: EventSink, records: bool = True) -> None:
         self.specs = tuple(specs)
+        self.records = records
+        """False: the manager records no content here (caching off): nothing is found."""
         self.entries: list[dict[int, Block]] = [{} for _ in specs]
         self.twins: list[dict[int, list[Block]]] = [{} for _ in specs]  # pid -> held spares
         self.owner = [-1] * num_blocks

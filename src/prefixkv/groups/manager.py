@@ -60,6 +60,9 @@ class HybridKVCacheManager:
         num_blocks, hash_mode, seed, enable_events, max_events, vocab_size:
             as ``KVCacheManager``. One block is reserved as ``null_block_id`` when some
             group releases blocks. No host tier.
+        enable_caching: False records no block's content in any group (as every group
+            were an uncached window: nothing is found, every block goes back empty,
+            to be reused first; vLLM's manager with prefix caching off).
 
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
@@ -112,9 +115,10 @@ class HybridKVCacheManager:
         self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes = 16, *,
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+        enable_caching: bool = True,
     ) -> None:
         parts.construct(self, groups, num_blocks, block_size, hash_mode, seed, enable_events,
-                        max_events, vocab_size)
+                        max_events, vocab_size, enable_caching)
 
     # The calls. Each line names the module that holds the call's body and contract.
 

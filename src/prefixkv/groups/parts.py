@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 def construct(
     self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes,
     hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool, max_events: int,
-    vocab_size: int | None,
+    vocab_size: int | None, enable_caching: bool = True,
 ) -> None:
     """``HybridKVCacheManager.__init__``: check every argument, then build the parts (see
     there for the arguments and what raises)."""
@@ -56,6 +56,7 @@ def construct(
                               f"retention, got {sizes}")
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
     check_flag("enable_events", enable_events, ConfigError)
+    check_flag("enable_caching", enable_caching, ConfigError)
     check_positive("max_events", max_events)
     if vocab_size is not None:
         check_positive("vocab_size", vocab_size)
@@ -72,7 +73,7 @@ def construct(
     self._hasher = Hasher(fn, root, callable(hash_mode))
     self._events = EventLog(max_events) if enable_events else NullSink()
     self._table = PrefixTable()
-    self._index = GroupIndex(specs, num_blocks, self._table, self._events)
+    self._index = GroupIndex(specs, num_blocks, self._table, self._events, enable_caching)
     self._pool = BlockPool(num_blocks, self._index)
     self._null = self._pool.take(1)[0] if reserved else None
     self._requests = {}
@@ -88,7 +89,8 @@ def construct(
     self._uncached = not all(s.cached for s in specs)
     self._retains = any(s.retention is not None for s in specs) or sizes.checkpoints  # (GroupRequest.marks)
     self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)
-    self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs)
+    self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs) \
+        if enable_caching else (_UNCACHED,) * len(specs)  # (caching off: nothing recorded)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
     self._config = (sizes.hash_size, vocab_size, fn, root)
     self._prompt_hasher = self._hasher if self._index.hashing else None

@@ -53,10 +53,18 @@ class IndexMarks:
         self.block_size_mismatches[replica] += 1
         return True
 
-    def hash_mismatched(self, replica: str, medium: object) -> None:
+    def hash_mismatched(self, replica: str, medium: object,
+                        lookahead: tuple[int, int] | None = None) -> None:
         """A ``Stored`` run of ``replica`` (on ``medium``) announced hashes other than the
-        router's for its token ids: counted, warned of on the replica's first."""
-        if not self.hash_mismatches[replica]:
+        router's for its token ids (``lookahead``: the tokens after each block its hashes
+        cover and the router's, when they differ): counted, warned of on the replica's
+        first."""
+        if not self.hash_mismatches[replica] and lookahead is not None:
+            _log.warning("replica %r announces blocks (medium %r) hashed with %d lookahead "
+                         "tokens, the router hashes prompts with %d "
+                         "(Router(hash_lookahead_tokens=...)): no prompt will match its "
+                         "blocks", replica, str(medium)[:64], *lookahead)
+        elif not self.hash_mismatches[replica]:
             _log.warning("replica %r announces block hashes (medium %r) other than the "
                          "router computes for their token ids: it hashes with another "
                          "hash_mode, seed or hash_format, and no prompt will match its "

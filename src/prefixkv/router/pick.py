@@ -37,7 +37,8 @@ class Choice:
 def prompt_hashes(router: Router, token_ids: Sequence[int], extra: object) -> list[int | bytes]:
     """``Router.prompt_hashes``: the full-block hashes with the router's settings."""
     digests = block_hashes(token_ids, router.block_size, hash_mode=router.hash_mode,
-                           seed=router.seed, extra=extra)
+                           seed=router.seed, extra=extra,
+                           hash_lookahead_tokens=router.hash_lookahead_tokens)
     router._hash_check.learn(extra)  # type: ignore[arg-type]  # (checked: a LoRA's path)
     if router.hash_format == "bytes":
         return digests  # type: ignore[return-value]

@@ -40,7 +40,7 @@ from .hash_check import HashCheck
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
-from .options import INDEX_METHODS, check_blocks, check_methods, check_names
+from .options import INDEX_METHODS, check_blocks, check_int, check_methods, check_names
 from .pick import Choice as Choice  # (re-exported: its home before pick.py)
 from .scored import FULL_KIND as FULL_KIND  # (re-exported: its home before scored.py)
 from .scored import ScoredGroups
@@ -57,6 +57,11 @@ class Router:
     """Args:
         replicas: replica names (at least one, distinct, each a non-empty str; not one str).
         block_size, hash_mode, seed: the replicas' manager settings (``block_hashes``).
+        hash_lookahead_tokens: the replicas' lookahead keys (``LookaheadKVCacheManager``'s
+            ``hash_lookahead_tokens``, vLLM's ``num_hash_lookahead_tokens``; 0: none): a
+            prompt's block is hashed with the tokens after it, as such replicas announce
+            theirs; a replica hashing with another count is counted in
+            ``hash_mismatches`` (hash_check.py).
         hash_format: how the replicas' publishers send hashes, "int" or "bytes".
         index: a BlockIndex, its methods checked (default: a new InProcessIndex).
         policy: one of POLICIES.
@@ -80,7 +85,7 @@ class Router:
 
     def __init__(self, replicas: Sequence[str], *, block_size: int, hash_mode: str = "sha256",
                  seed: int | bytes | None = None, hash_format: str = "int",
-                 index: BlockIndex | None = None, policy: str = "prefix",
+                 hash_lookahead_tokens: int = 0, index: BlockIndex | None = None, policy: str = "prefix",
                  load_weight: float | None = None, balance: float | None = None,
                  cpu_weight: float | None = None, lossy_weight: float | None = None,
                  stale_after: float | None = None, scorer: Scorer | None = None,
@@ -105,9 +110,11 @@ class Router:
             check_methods("scorer", scorer, RouterError, ("pick",))
         if stale_after is not None and not (real(stale_after) and stale_after >= 0):
             raise RouterError(f"stale_after must be seconds >= 0 or None, got {stale_after!r}")
+        check_int("hash_lookahead_tokens", hash_lookahead_tokens, RouterError, 0)
         block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early
         self.replicas = tuple(names)
         self.block_size, self.hash_mode, self.seed = block_size, hash_mode, seed
+        self.hash_lookahead_tokens = hash_lookahead_tokens
         self.hash_format, self.policy = hash_format, policy
         self.index: BlockIndex = InProcessIndex() if index is None else index
         self.scorer: Scorer = scorer
@@ -120,7 +127,8 @@ class Router:
         self._marks = IndexMarks(names, block_size)  # the counts beside the index (marks.py)
         self.block_size_mismatches, self.lossy = self._marks.block_size_mismatches, self._marks.lossy
         self.hash_mismatches = self._marks.hash_mismatches
-        self._hash_check = HashCheck(names, block_size, hash_mode, seed, hash_format, self._marks)
+        self._hash_check = HashCheck(names, block_size, hash_mode, seed, hash_format, self._marks,
+                                     hash_lookahead_tokens)
         self.hash_checked = self._hash_check.checked
         self._scored = ScoredGroups(self._marks)  # the group indexed per replica (scored.py)
         self._turn = 0

@@ -76,7 +76,7 @@ class Fetch:
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
                  "devices", "held", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
-                 "pend", "pending_run", "front", "joined", "index", "extras_of")
+                 "pend", "pending_run", "front", "joined", "index", "extras_of", "losses")
     # set by ``prepare`` on the fetcher's thread, not here on the scheduler's: the reads'
     # keys, expected heads and states (emptied by ``finish``; a ``prepare`` that failed
     # leaves ``states`` to its caller), the lock of the parts' count
@@ -122,6 +122,9 @@ class Fetch:
         # the manager's content index, for a device run: the fetcher reads its ``step``
         # when it writes the blocks (``step`` then: the step they were written in)
         self.index: Any = None
+        # the index's count of content losses once the start held its device hits (-1:
+        # none held): while it stays, they are what a walk would find (``land``)
+        self.losses = -1
         self.on_device = 0
         self.promoted = 0  # host hits that went up to device blocks (the last of ``held``)
         # the index's ``RunCounts`` when the device run may land as one pending run

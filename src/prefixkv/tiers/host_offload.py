@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import filterfalse
 
-from ..core.block import Block, key_chunk
+from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
-from ..core.keyless import Keyless
+from ..core.keyless import Keyless, keyed_among
 from .host_index import HOST, withdrawn
 from .host_orphans import Orphan, SlotOrphans
 
@@ -195,14 +195,8 @@ class SlotOffload(SlotOrphans):
             # step's or of the plan in flight; the common case checked here: none is, so
             # nothing is withdrawn, without a lookup of each)
             parents = self._pinned_parents()
-            if parents:  # (the ids listed by a comprehension: its specialized attribute
-                # reads beat ``map(attrgetter)``'s, 30 against 48 us for 2048 blocks,
-                # alternated in one process: benchmarks/results/store-r13b.md)
-                under = parents.intersection([b.content_id for b in blocks[lost:]]
-                                             if keyless is None
-                                             else keyless.content_ids(blocks, lost))
-                if under:
-                    self._withdraw_orphans(blocks, lost, step, keyless, under)
+            if parents:  # (only the lost contents among them are looked up)
+                self._withdraw_orphans(blocks, lost, step, keyless, parents)
         if now and self.lent and by_parent:  # evicted, never computed: a slot may have
             self.left([b for b in now if b.key is not None])  # lent it its id
         if dropped:
@@ -237,23 +231,17 @@ class SlotOffload(SlotOrphans):
         descendant of one, then every other slot under one (``withdraw_under``). The
         pool evicts a request's tail first, so children were offloaded before their
         parent; kept, they would stay announced and never be found, even once their
-        parent's content is computed again (a new content id). ``under``: the lost
-        contents that a pinned slot (this step's, or the plan in flight's) names as its
-        parent (the others are not looked up)."""
+        parent's content is computed again (a new content id). ``under``: the contents
+        that a pinned slot (this step's, or the plan in flight's) names as its parent;
+        only the lost ones among them are looked up, found by their ids (a pending run's
+        blocks are not walked: ``Keyless.among``)."""
         src, dst = self.offload_src, self.offload_dst
-        gone = set()
-        for i in range(at, len(blocks)):
-            b = blocks[i]
-            if b.step >= step:
-                continue
-            if b.key is not None:
-                content = (b.parent_cid, key_chunk(b.key), b.extra, b.content_id)
-            elif keyless is not None:
-                content = keyless.content(i)
-            else:
-                continue
-            if content[3] in under and self.find(*content[:3]) is None:
-                gone.add(content[3])
+        found = (keyless.among(blocks, at, under) if keyless is not None
+                 else keyed_among(blocks, at, len(blocks), under))
+        gone = {content[3] for i, content in found
+                if blocks[i].step < step and self.find(*content[:3]) is None}
+        if not gone:
+            return
         dropped = set()
         for i in range(len(dst) - 1, -1, -1):  # parents first: their offloads came last
             s = self.slots[dst[i]]

@@ -14,6 +14,7 @@ import redis as redis_py
 import torch
 
 from prefixkv.store.server import LocalRedis
+from store.maxmemory import cut
 from waiting import wait_until
 
 from .. import skip_module_without_vllm
@@ -119,11 +120,17 @@ def test_a_key_of_another_redis_type_mid_chain_is_a_miss_then_saved_over(model, 
 def test_a_full_server_refuses_part_of_a_save_and_serves_the_prefix_it_took(model):
     """``noeviction`` and room for a few blocks only: the save is refused part-way
     (each refusal counted by the writer, nothing raised), the store holds a prefix of
-    the chain, and the next replica loads exactly that prefix and computes the rest."""
+    the chain, and the next replica loads exactly that prefix and computes the rest.
+    The room is exact (``maxmemory.cut``): r1's lookup (a miss) is answered first, so
+    nothing but the save talks to the server after the limit is taken, and the save
+    goes on a connection opened after it. (Before, the limit was the server's use plus
+    24 KiB, measured right after the warm-up while idle connections still held read
+    buffers its cron freed later: 40 runs stored 0, 5, 18 or 20 blocks, none in 4 of
+    them; the first refused and later ones taken was seen too. Now: 5, in 40 of 40.)"""
     blocks = 24
     tokens = prompt(blocks * BLOCK + 1, salt=37)
     with LocalRedis(policy="noeviction") as server:
-        probe = redis_py.Redis(unix_socket_path=server.socket)
+        probe = redis_py.Redis(unix_socket_path=server.socket)  # (connects after the save)
         try:
             a = Replica(model, server.url)
             a.add("warm", prompt(2 * BLOCK + 1, salt=71))  # (every connection open)
@@ -131,9 +138,10 @@ def test_a_full_server_refuses_part_of_a_save_and_serves_the_prefix_it_took(mode
             a.worker.worker.flush()
             writer = a.worker.worker._writer
             assert (writer.written, writer.errors) == (2, 0)
-            used = probe.info("memory")["used_memory"]
-            probe.config_set("maxmemory", used + 24 * 1024)  # a few 4 KiB blocks
             a.add("r1", tokens)
+            looked_up(a)
+            a.worker.worker._link.backend.close()  # (the writer's next write reconnects)
+            cut(server, 24 * 1024)  # a few 4 KiB blocks
             a.run()
             a.worker.worker.flush()
             written = writer.written - 2

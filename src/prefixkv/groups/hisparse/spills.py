@@ -14,6 +14,7 @@ mistakes raise RequestError before any change.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
 
 from ...errors import InvariantError, RequestError, check_count
 
@@ -51,6 +52,16 @@ class Spills:
         """Whether a copy is still to be sent or confirmed (vLLM's ``has_pending_work``,
         less host copy-on-write)."""
         return bool(self.to_send or self._page)
+
+    @property
+    def flight(self) -> Mapping[int, tuple[Hashable | None, int]]:
+        """The copies in flight, read-only and live: id -> (request or None once
+        detached, page)."""
+        return MappingProxyType(self._page)
+
+    def owners(self) -> list[Hashable | None]:
+        """The request of each copy in flight (None once detached), in id order."""
+        return [k for k, _ in self._page.values()]
 
     def page_of(self, tid: int) -> tuple[Hashable | None, int]:
         """(request, page) of copy ``tid`` in flight; request None once detached."""

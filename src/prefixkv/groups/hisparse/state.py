@@ -32,9 +32,10 @@ __all__ = ["HiSparseState"]
 
 class _Request:
     """One request's blocks: its host row, indexer pages, resident row (None: a page the
-    pool reused, read from host) and hot region."""
+    pool reused, read from host) and hot region; ``synced``: the row's pages the workers
+    were told of (``take_residency``), ``stale`` those of them lost since."""
 
-    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required")
+    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required", "synced", "stale")
 
     def __init__(self) -> None:
         self.host: list[Block] = []
@@ -43,6 +44,8 @@ class _Request:
         self.row = ResidentRow()
         self.hot: list[Block] = []
         self.hot_required = False
+        self.synced = 0
+        self.stale: set[int] = set()
 
 
 class HiSparseState:
@@ -90,17 +93,29 @@ class HiSparseState:
         """``key``'s resident row (read it; the state changes it)."""
         return self._get(key).row
 
+    def need(self, key: Hashable, tokens: int, *, cap: bool = False) -> int:
+        """Device blocks ``key`` (new or not) takes to cover ``tokens`` tokens: its indexer
+        pages, its row's (capped at the admission window when ``cap``) and its hot region
+        if asked for; when the host pool cannot back its pages, that plus the device
+        pool's size and one (vLLM's answer: more than the pool can ever give)."""
+        r = self._requests.get(key) or _Request()
+        pages = blocks_for(check_count("tokens", tokens, 1, None), self.block_size)
+        row = min(pages, self.window) if cap else pages
+        n = max(pages - len(r.indexer), 0) + max(row - len(r.blocks), 0)
+        n += self.hot_blocks - len(r.hot) if r.hot_required else 0
+        return n + (len(self.device.blocks) + 1 if pages - len(r.host) > self.host.num_free else 0)
+
     def fits(self, key: Hashable, full: int) -> bool:
         """The full-sequence gate for ``key`` (new or not) of ``full`` tokens: all of its
         host pages, then the device pages of its indexer, of its row capped at the
         admission window, and its hot region if asked for."""
-        r = self._requests.get(key) or _Request()
-        pages = blocks_for(check_count("full", full, 1, None), self.block_size)
-        if pages - len(r.host) > self.host.num_free:
-            return False
-        need = max(pages - len(r.indexer), 0) + max(min(pages, self.window) - len(r.blocks), 0)
-        need += self.hot_blocks - len(r.hot) if r.hot_required else 0
-        return need <= self.device.num_free
+        return self.need(key, full, cap=True) <= self.device.num_free
+
+    def reclaims(self) -> bool:
+        """Whether a copy in flight gives blocks back once confirmed: a freed request's
+        (its device and host blocks), or one of a row that reads from host (its page is
+        unpinned then)."""
+        return any(k is None or self._requests[k].row.hot for k in self.spills.owners())
 
     def allocate(self, key: Hashable, total: int, full: int = 0) -> bool:
         """Give ``key`` (admitted if new) the blocks of ``total`` tokens, all or nothing;
@@ -159,6 +174,24 @@ class HiSparseState:
         r.row.lose(page)
         r.blocks[page] = None
         r.hot_required = True
+        if page < r.synced:
+            r.stale.add(page)
+
+    def require_hot(self, key: Hashable) -> None:
+        """``key`` takes its hot region with its next allocation (vLLM's ``require_hot``)."""
+        self._get(key).hot_required = True
+
+    def take_residency(self, key: Hashable) -> tuple[list[int], list[int]] | None:
+        """What the workers lack of ``key``'s row: the pages lost since they were told,
+        then those added since, with their device block ids (0: read from host); None
+        when nothing changed or ``key`` holds no blocks. They are told now."""
+        r = self._requests.get(key)
+        if r is None or (not r.stale and r.synced >= len(r.blocks)):
+            return None
+        pages = [*sorted(r.stale), *range(r.synced, len(r.blocks))]
+        r.stale.clear()
+        r.synced = len(r.blocks)
+        return pages, [0 if (b := r.blocks[p]) is None else b.block_id for p in pages]
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copies planned since the last call, in order: (copy id, device block id,

@@ -120,7 +120,7 @@ class CrossAttentionKVCacheManager(KVCacheManager):
         decoder = dataclasses.replace(kv_cache_config, kv_cache_groups=groups[:cross[0]])
         super().__init__(decoder, max_model_len, scheduler_block_size, hash_block_size, *args, **kwargs)
         layout = read_layout(decoder, scheduler_block_size=scheduler_block_size,
-                             hash_block_size=hash_block_size)
+                             hash_block_size=hash_block_size, enable_caching=bool(caching))
         if layout.hybrid:
             raise UnsupportedByPrefixKV("prefixkv serves encoder-decoder cross-attention caches "
                                         "beside one full-attention decoder group only (its hybrid "

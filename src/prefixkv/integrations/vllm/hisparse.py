@@ -7,20 +7,32 @@ whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
 Served, in the scope of that state (prefix caching off, one resident and one hot group,
 no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
-``has_pending_work`` and ``all_context_pages_resident``; every other call of vLLM's
-coordinator, and every attribute it would read, raises UnsupportedByPrefixKV naming it.
+``has_pending_work``, ``has_pending_reclamation``, ``all_context_pages_resident``,
+``take_residency_updates``, ``build_row_mirrors``, ``pending_spills`` (read-only), the
+host copies and imports the scope has none of (``take_host_block_copies``,
+``release_completed_host_copies``, ``finish_host_import``), and once bound to a manager
+(hisparse_manager.py) ``get_host_block_pool``, ``host_manager``, ``resident_managers``
+and ``hot_managers`` (hisparse_groups.py's views): every call vLLM's HiSparse connector
+makes;
+every other call of vLLM's coordinator, and every attribute it would read or set, raises
+UnsupportedByPrefixKV naming it (a call may be replaced, as a test's monkeypatch does).
 Checked against vLLM's coordinator side by side: tests/engines/test_vllm_hisparse_seam.py.
-Not bound to prefixkv's plug-in manager yet: a HiSparse layout is still refused there at
-construction (layout.py).
+Bound to the plug-in's manager by hisparse_manager.py (its group views hold the seam).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
-from vllm.v1.hisparse.types import SparseKVOffloadCommand, SparseKVPageTransfer
+from vllm.v1.hisparse.types import (
+    SparseKVOffloadCommand,
+    SparseKVPageTransfer,
+    SparseKVResidencyUpdate,
+    SparseKVRowMirror,
+)
 from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KVCacheConfig, KVCacheGroupRole
 
 from prefixkv.core.block import blocks_for
@@ -28,10 +40,12 @@ from prefixkv.groups.hisparse.state import HiSparseState
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["SERVED", "HiSparseSeam", "hisparse_state"]
+__all__ = ["SERVED", "HiSparseSeam", "hisparse_state", "refuse_the_rest"]
 
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
-          "all_context_pages_resident")
+          "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
+          "build_row_mirrors", "get_host_block_pool", "take_host_block_copies",
+          "release_completed_host_copies", "finish_host_import")
 _SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
           "no external loads (docs/integration.md, \"HiSparse\")")
 
@@ -49,8 +63,6 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     specs = [g.kv_cache_spec for g in groups]
     roles = [getattr(g, "role", None) for g in groups]
     sizes = {s.block_size for s in specs}
-    if enable_caching:
-        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     if (len(groups) != 4 or roles[:2] != [KVCacheGroupRole.HISPARSE_SOURCE, KVCacheGroupRole.HISPARSE_INDEXER]
             or not isinstance(specs[2], HiSparseResidentSpec) or not isinstance(specs[3], HiSparseHotSpec)):
         _refused(f"this layout ({[type(s).__name__ for s in specs]}): only source, indexer, one "
@@ -60,6 +72,8 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     host = kv_cache_config.hisparse_host_num_blocks
     if host is None:
         _refused("a HiSparse layout without a host pool (hisparse_host_num_blocks)")
+    if enable_caching:
+        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     bs = sizes.pop()
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
     hot = specs[3]
@@ -78,11 +92,88 @@ class HiSparseSeam(HiSparseCoordinator):
     def __init__(self, state: HiSparseState, host_group_id: int = 0) -> None:  # (not vLLM's)
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "host_group_id", host_group_id)
+        object.__setattr__(self, "_groups", None)
+
+    def bind(self, groups: Sequence[Any], host_pool: Any) -> None:
+        """The manager's group views (source, indexer, resident, hot: hisparse_groups.py)
+        and host pool view, which vLLM's coordinator reads as its managers and pool."""
+        object.__setattr__(self, "_groups", (tuple(groups), host_pool))
+
+    def _bound(self, name: str) -> tuple[tuple[Any, ...], Any]:
+        if self._groups is None:
+            _refused(f"{name} (no manager bound)")
+        return self._groups  # type: ignore[no-any-return]
 
     @property
     def state(self) -> HiSparseState:
         """prefixkv's state behind the seam."""
         return self._state
+
+    @property
+    def host_manager(self) -> Any:
+        """The source group's view (vLLM's ``HiSparseSourceManager``)."""
+        return self._bound("host_manager")[0][self.host_group_id]
+
+    @property
+    def resident_managers(self) -> tuple[Any, ...]:
+        """The resident group's view (vLLM's ``HiSparseResidentManager``)."""
+        return self._bound("resident_managers")[0][2:3]
+
+    @property
+    def hot_managers(self) -> tuple[Any, ...]:
+        """The hot group's view (vLLM's ``HiSparseHotManager``)."""
+        return self._bound("hot_managers")[0][3:4]
+
+    @property
+    def pending_spills(self) -> Mapping[int, Any]:
+        """The copies in flight, read-only: id -> (request, page)."""
+        return self.state.spills.flight
+
+    def get_host_block_pool(self) -> Any:
+        """The host pool's view (its free count, usage, blocks)."""
+        return self._bound("get_host_block_pool")[1]
+
+    def take_host_block_copies(self) -> tuple[KVCacheBlockCopy, ...]:
+        """(): host copies on write come from hits on the host prefix (caching on), not served."""
+        return ()
+
+    def release_completed_host_copies(self, dst_block_ids: Iterable[int]) -> None:
+        """Nothing: no host copy is ever handed out (``take_host_block_copies``)."""
+
+    def finish_host_import(self, request_id: str, *, failed: bool) -> None:
+        """Nothing: no import is ever pending (the manager refuses external loads)."""
+
+    def take_residency_updates(self, request_ids: Iterable[str]) -> dict[str, SparseKVResidencyUpdate]:
+        """What the workers lack of each request's resident row: its pages lost since
+        the last update, then those added since, with their block ids (0: read from
+        host); requests with nothing new left out (``HiSparseState.take_residency``)."""
+        out = {}
+        for request_id in request_ids:
+            got = self.state.take_residency(request_id)
+            if got is not None:
+                out[request_id] = SparseKVResidencyUpdate(pages=got[0], block_ids=(got[1],))
+        return out
+
+    def build_row_mirrors(self, requests: Iterable[tuple[str, int, int]]) -> tuple[SparseKVRowMirror, ...]:
+        """For each (request, start, count): the spans of its positions ``start`` to
+        ``start + count`` to copy from its resident pages to their host pages, a span per
+        page (rows ``page * block_size + offset``); pages not on the device or past the
+        rows left out, as requests holding no blocks."""
+        state, bs = self.state, self.state.block_size
+        out = []
+        for request_id, start, count in requests:
+            if not state.holds(request_id):
+                continue
+            host, _, row, _, _ = state.request(request_id)
+            pos, end = start, start + count
+            while pos < end:
+                page, offset = divmod(pos, bs)
+                n = min(bs - offset, end - pos)
+                if page < len(row) and row[page] and page < len(host):
+                    out.append(SparseKVRowMirror(source_starts=(row[page] * bs + offset,),
+                                                 destination_start=host[page] * bs + offset, num_rows=n))
+                pos += n
+        return tuple(out)
 
     def advance_scheduled(self, requests: Iterable[tuple[str, int]]) -> None:
         """Each scheduled request's step to its number of tokens computed: copies planned,
@@ -105,6 +196,11 @@ class HiSparseSeam(HiSparseCoordinator):
         """Whether a copy is still to be sent or confirmed."""
         return self.state.spills.has_work()
 
+    def has_pending_reclamation(self) -> bool:
+        """Whether a copy in flight gives blocks back once confirmed (``HiSparseState.reclaims``):
+        vLLM's scheduler then waits for it rather than preempt."""
+        return self.state.reclaims()
+
     def all_context_pages_resident(self, requests: Iterable[tuple[str, int, int]]) -> bool:
         """Whether each (request, computed, scheduled) reads only pages on the device: its
         row covers the tokens and lost none of its pages."""
@@ -120,16 +216,25 @@ class HiSparseSeam(HiSparseCoordinator):
         _refused(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        _refused(f"setting {name}")
+        """Only a call of the class may be replaced (a test's monkeypatch); setting any
+        other attribute (vLLM's state) raises UnsupportedByPrefixKV naming it."""
+        if not callable(getattr(type(self), name, None)):
+            _refused(f"setting {name}")
+        object.__setattr__(self, name, value)
 
 
-def _refusal(name: str) -> Any:
-    def refuse(self: HiSparseSeam, *args: Any, **kwargs: Any) -> NoReturn:
-        _refused(name)
-    refuse.__name__ = refuse.__qualname__ = name
-    refuse.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
-    return refuse
+def refuse_the_rest(cls: type, names: Iterable[str], refuse: Callable[[str], NoReturn]) -> None:
+    """Give ``cls`` a method for each of ``names`` it does not define, which calls
+    ``refuse(name)`` (UnsupportedByPrefixKV naming the call)."""
+    def refusal(name: str) -> Any:
+        def refused(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+            refuse(name)
+        refused.__name__ = refused.__qualname__ = name
+        refused.__doc__ = f"Refused: UnsupportedByPrefixKV naming {name}."
+        return refused
+
+    for name in [n for n in names if not n.startswith("__") and n not in vars(cls)]:
+        setattr(cls, name, refusal(name))
 
 
-for _name in [n for n in vars(HiSparseCoordinator) if not n.startswith("__") and n not in SERVED]:
-    setattr(HiSparseSeam, _name, _refusal(_name))
+refuse_the_rest(HiSparseSeam, vars(HiSparseCoordinator), _refused)

@@ -4,13 +4,14 @@ vLLM describes a model's KV cache as a ``KVCacheConfig``: ``num_blocks`` blocks 
 is vLLM's null block) and one ``KVCacheGroupSpec`` per group of layers that share a
 block table. ``read_layout`` maps each group's spec to a ``prefixkv.groups.GroupSpec``
 (full attention, MLA included; sliding window; chunked local attention; Mamba in
-``align`` mode) and refuses,
+``align`` mode, or in ``none`` mode with caching off) and refuses,
 before anything is built, whatever prefixkv does not offer, naming it (the manager's
 other arguments: options.py); ``build_core`` builds the prefixkv manager a layout runs on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ _HISPARSE = ("vLLM 0.33 runs it in its own managers' insides (a HiSparseCoordina
              "docs/integration.md, \"HiSparse\"")
 
 
-def _group_of(spec: Any) -> GroupSpec:
+def _group_of(spec: Any, enable_caching: bool) -> GroupSpec:
     kind = type(spec)
     if kind in FULL_SPECS:
         return full_attention()
@@ -98,7 +99,7 @@ def _group_of(spec: Any) -> GroupSpec:
     if kind is ChunkedLocalAttentionSpec:
         return chunked_local(spec.attention_chunk_size)
     if kind is MambaSpec:
-        return _mamba_group(spec)
+        return _mamba_group(spec, enable_caching)
     what = {"CrossAttentionSpec": "encoder-decoder cross-attention caches",
             "EncoderOnlyAttentionSpec": "encoder-only attention caches"}.get(kind.__name__)
     if "HiSparse" in kind.__name__:
@@ -107,15 +108,29 @@ def _group_of(spec: Any) -> GroupSpec:
     what = what or f"KV cache spec {kind.__name__}"
     raise UnsupportedByPrefixKV(f"prefixkv does not offer {what}; supported: full attention "
                                 f"(MLA included), sliding window, chunked local attention, "
-                                f"Mamba with mamba_cache_mode='align'")
+                                f"Mamba with mamba_cache_mode='align' (or 'none', caching off)")
 
 
-def _mamba_group(spec: MambaSpec) -> GroupSpec:
+def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     """A Mamba group in vLLM's ``align`` mode without speculative blocks (its checkpoint
-    blocks: checkpoints.py); refused otherwise, naming what is missing."""
+    blocks: checkpoints.py), or in its ``none`` mode with caching off: no state is
+    cached, a request holds the block of its last computed token's state and those
+    after it (vLLM's ``MambaManager`` there is its base manager, releasing the blocks
+    below ``get_num_skipped_tokens(n) = n - 1``): a window of 2 tokens, the query's
+    own and the one before (``groups.spec``: the same ``first_needed``). Raises
+    ConfigError for ``none`` with caching on (vLLM asserts it), UnsupportedByPrefixKV
+    for the rest, naming what is missing."""
+    if spec.mamba_cache_mode == "none":
+        if enable_caching:
+            raise ConfigError("Mamba layers with mamba_cache_mode='none' run with prefix caching "
+                              "off (enable_caching=False), as vLLM asserts; caching needs 'align'")
+        if spec.num_speculative_blocks:
+            raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
+                                        f"(got {spec.num_speculative_blocks}; 0 is offered)")
+        return sliding_window(2)
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
-                                    f"only, got {spec.mamba_cache_mode!r}")
+                                    f"or 'none' only, got {spec.mamba_cache_mode!r}")
     if spec.num_speculative_blocks:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
                                     f"(got {spec.num_speculative_blocks}; 0 is offered)")
@@ -123,20 +138,22 @@ def _mamba_group(spec: MambaSpec) -> GroupSpec:
 
 
 def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
-                dcp_world_size: int = 1, pcp_world_size: int = 1) -> Layout:
+                dcp_world_size: int = 1, pcp_world_size: int = 1, enable_caching: bool = True) -> Layout:
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
-    attention and align-mode Mamba (Mamba in another mode or with speculative blocks,
-    prefill-checkpoint blocks where ``checkpoints.read_checkpoints`` refuses them,
-    HiSparse, encoder-only and cross-attention caches, ...), a HiSparse host pool,
-    decode or prefill context parallelism (``dcp_world_size`` or ``pcp_world_size``
-    > 1), and where the block sizes of groups, scheduler and hashes
-    are not one (``_check_sizes``): groups of sizes that are not multiples of
-    ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
-    local attention, a single full-attention group of another size than the
-    scheduler's or the hashes', and Mamba where vLLM turns its fine-grained partial
-    hits on but beyond what prefixkv serves of them (``_check_partial_hits``; what it
-    serves gets ``sizes.partial``)."""
+    attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
+    (Mamba with speculative blocks, or in none mode with caching on: ConfigError as
+    vLLM's assert, prefill-checkpoint blocks where ``checkpoints.read_checkpoints``
+    refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    host pool, decode or prefill context parallelism (``dcp_world_size`` or
+    ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
+    are not one (``_check_sizes``; with ``enable_caching`` off the hash block is the
+    groups' gcd where vLLM's is not a divisor of each: nothing is hashed): groups of
+    sizes that are not multiples of ``hash_block_size`` or do not divide
+    ``scheduler_block_size``, or beside chunked local attention, a single
+    full-attention group of another size than the scheduler's or the hashes', and Mamba
+    where vLLM turns its fine-grained partial hits on but beyond what prefixkv serves
+    of them (``_check_partial_hits``; what it serves gets ``sizes.partial``)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -148,12 +165,16 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     if not specs:
         raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "
                                     "models) has no blocks for prefixkv to manage")
-    groups = tuple(_group_of(s) for s in specs)
+    groups = tuple(_group_of(s, enable_caching) for s in specs)
     if not any(g.cached for g in groups):
         raise UnsupportedByPrefixKV("a KV cache config whose groups are all uncached "
                                     "(prefix_cacheable False) has no hit to look up; vLLM "
                                     "asserts one cacheable group")
     sizes = tuple(s.block_size for s in specs)
+    if not enable_caching and any(b % hash_block_size for b in sizes):
+        # (caching off: vLLM passes its scheduler's block, the groups' lcm, as the hash
+        # block, and hashes nothing; prefixkv's groups count in their gcd)
+        hash_block_size = math.gcd(*sizes)
     partial = False
     if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
         _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
@@ -233,8 +254,8 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
     vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
     block with its own null block at 0 when a group releases blocks (offset 0), else
-    over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
-    only: the hybrid manager takes no such switch. ``peek``: EAGLE's groups
+    over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to either
+    (the hybrid manager's off records nothing: vLLM reuses the blocks first). ``peek``: EAGLE's groups
     (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
     block after each aligned end too (``BlockSizes.peek``); ``eagle``: vLLM's ``use_eagle``
     beside partial hits (``BlockSizes.eagle``). ``lookahead``: the plain
@@ -249,7 +270,7 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,
-                hash_mode="sha256", enable_events=enable_events)
+                hash_mode="sha256", enable_events=enable_events, enable_caching=enable_caching)
         except ConfigError as e:
             if layout.sizes.one_size:
                 raise

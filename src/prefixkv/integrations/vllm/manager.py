@@ -62,12 +62,17 @@ class KVCacheManager(StepCalls):
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
-        """A ``cross.CrossAttentionKVCacheManager`` for a ``kv_cache_config`` with
+        """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a
+        HiSparse host pool, a ``cross.CrossAttentionKVCacheManager`` for one with
         cross-attention groups (encoder-decoder models), a ``lookahead.LookaheadKVCacheManager``
         for lookahead hashing with caching on, else this class."""
         if cls is KVCacheManager:
             from .cross import CrossAttentionKVCacheManager, cross_groups
-            if cross_groups(kwargs.get("kv_cache_config", args[0] if args else None)):
+            config = kwargs.get("kv_cache_config", args[0] if args else None)
+            if getattr(config, "hisparse_host_num_blocks", None) is not None:
+                from .hisparse_manager import HiSparseKVCacheManager  # (a HiSparse layout)
+                cls = HiSparseKVCacheManager
+            elif cross_groups(config):
                 cls = CrossAttentionKVCacheManager
             elif (kwargs.get("num_hash_lookahead_tokens", args[7] if len(args) > 7 else 0)
                   and kwargs.get("enable_caching", args[5] if len(args) > 5 else True)):

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
@@ -76,12 +77,13 @@ def get_block_ids(self: KVCacheManager, request_id: str) -> tuple[list[int], ...
 def get_block_ids_for_computed_tokens(self: KVCacheManager, request_id: str, num_computed_tokens: int
                                       ) -> tuple[list[int], ...]:
     """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``, but
-    for Mamba groups, whole (vLLM clips attention groups only). Raises RequestError
-    for a count that is not an int >= 0."""
+    for Mamba groups (either mode), whole (vLLM clips attention groups only). Raises
+    RequestError for a count that is not an int >= 0."""
     if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
         check_count("num_computed_tokens", num_computed_tokens, 0, None)
-    n = num_computed_tokens
-    return tuple(ids if g in self._mamba.groups else ids[:blocks_for(n, self.group_sizes[g])]
+    n, groups = num_computed_tokens, self.kv_cache_config.kv_cache_groups
+    return tuple(ids if not isinstance(groups[g].kv_cache_spec, AttentionSpec)
+                 else ids[:blocks_for(n, self.group_sizes[g])]
                  for g, ids in enumerate(self.get_block_ids(request_id)))
 
 

@@ -74,7 +74,7 @@ def read_settings(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, 
     ``check_options`` and ``read_retention`` raise, in that order."""
     layout = read_layout(kv_cache_config, scheduler_block_size=scheduler_block_size,
                          hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
-                         pcp_world_size=pcp_world_size)
+                         pcp_world_size=pcp_world_size, enable_caching=enable_caching)
     check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                   watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                   enable_caching=enable_caching)

@@ -154,7 +154,10 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
-    new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
+    if m._hybrid:
+        new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
+    else:  # (one group: the ids past the hit alone, a long hit's not listed)
+        new = (adm.block_ids_from(hit // m.group_sizes[0]),)
     if m._uncached:  # (an uncached window's blocks are all new)
         new = uncached_new(m, new, adm.group_block_ids)
     m._telemetry.on_allocated(new)
