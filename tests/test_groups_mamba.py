@@ -169,3 +169,27 @@ class MambaMachine(HybridMachine):
 
 TestMambaMachine = MambaMachine.TestCase
 TestMambaMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_lookup_per_group_with_peek_counts_the_prompts_last_full_block():
+    # vLLM's EAGLE looks at the block holding the last token when it is full: full
+    # attention alone then serves all 16 tokens (12 without peek); the hit, EAGLE's,
+    # drops that block and finds no Mamba state at or below 12 (only at 16)
+    m = HybridKVCacheManager([full_attention(), mamba()], 40, BS)
+    m.add_request("a", list(range(16)))
+    m.free("a")
+    prompt = list(range(16))
+    assert m.lookup_per_group(prompt) == (12, 0)
+    assert m.lookup_per_group(prompt, peek=True) == (16, 16)
+    assert m.lookup_per_group(prompt + [9], peek=True) == (16, 16)
+    assert m.lookup(prompt + [9]) == 16 and m.lookup(prompt + [9], peek=(True, False)) == 0
+    m.check_invariants()
+
+
+def test_lookup_per_group_with_peek_is_refused_with_different_block_sizes():
+    from prefixkv.groups import BlockSizes
+
+    m = HybridKVCacheManager([full_attention(), sliding_window(8)], 40, BlockSizes.of((4, 8)))
+    with pytest.raises(ConfigError, match="one block size"):
+        m.lookup_per_group(list(range(20)), peek=True)
+    assert m.lookup_per_group(list(range(20))) == (0, 0)

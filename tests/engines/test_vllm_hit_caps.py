@@ -132,8 +132,8 @@ def test_eagle_beside_a_window_needs_the_block_after_the_hit_in_both_groups():
 @pytest.mark.parametrize(("specs", "named"), [
     (lambda: (full(), window(), window(64)), "one other group spec"),
     (lambda: (window(), window(64)), "one other group spec"),
-    (lambda: (full(), align_mamba()), "full-attention and sliding-window groups only"),
-    (lambda: (full(), chunked()), "full-attention and sliding-window groups only"),
+    (lambda: (full(), window(), align_mamba()), "one other group spec"),
+    (lambda: (full(), chunked()), "full-attention, sliding-window and Mamba groups only"),
 ])
 def test_eagle_where_vllm_finds_its_hit_otherwise_is_refused(specs, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV

@@ -33,6 +33,7 @@ from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
 from . import admission, cached, checkpoints, decode, forks, growth, manager_check, partial, parts, release
 from .index import GroupIndex
+from .lookup import peeking
 from .pins import RewindPins
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
@@ -190,14 +191,17 @@ class HybridKVCacheManager:
     # ---- queries ---------------------------------------------------------------------
 
     def lookup_per_group(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None) -> tuple[int, ...]:
+                         extra: ExtraKeys | None = None, peek: bool = False) -> tuple[int, ...]:
         """Per group, the tokens of the longest prefix of this prompt (at most all its
-        blocks but the one holding its last token) that the group alone could serve now:
+        blocks but the one holding its last token; with ``peek``, that one too when it
+        is full, as vLLM's EAGLE looks at it) that the group alone could serve now:
         where ``lookup``, which every group must serve, is shorter, a shared prefix some
         group has not cached (vLLM's Mamba junction). Changes nothing. Raises as
-        ``add_request`` for bad input."""
+        ``add_request`` for bad input, and ConfigError for ``peek`` with groups of
+        different block sizes."""
         alone = [0] * len(self.groups)
-        self._find(None, prompt_token_ids, extra, True, alone)
+        self._find(None, prompt_token_ids, extra, True, alone, None,
+                   peeking(self.groups, True) if peek else ())
         return tuple(k * self._hash_size for k in alone)
 
     def get_block_ids(self, request_id: Hashable) -> tuple[tuple[int, ...], ...]:

@@ -125,11 +125,14 @@ def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, j: int, copy: 
 
 def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     """A step ended at ``req.num_scheduled``: when that is the prompt's last hash
-    boundary before its last token, inside a Mamba block, record the block under the
+    boundary before its last token (with ``sizes.eagle``, one hash block below its last
+    hash boundary, where vLLM's EAGLE hit resumes: vLLM's
+    ``get_mamba_prefill_checkpoint_position`` with ``drop_eagle_block``), inside a Mamba
+    block, record the block under the
     boundary's prefix id (vLLM's ``cache_partial_block``); the request owns the entry
     (``moved`` at its next growth)."""
-    h, n = self._hash_size, req.num_scheduled
-    if n != (req.num_prompt - 1) // h * h or not n:
+    h, n, p = self._hash_size, req.num_scheduled, req.num_prompt
+    if n != ((p // h * h - h) if self.sizes.eagle else (p - 1) // h * h) or not n:
         return
     node = req.nodes[n // h - 1]
     for g in self._sparse:

@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_full
+from . import checkpoints, partial, partial_eagle, partial_full
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -36,11 +36,15 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
     size). With ``peek``, vLLM's EAGLE hit (``hits.peeking_sized_hit``), which may look
     at the prompt's last full hash block. Raises ConfigError for a ``peek`` on a layout
-    ``check_peek`` refuses."""
+    ``check_peek`` refuses, or with ``alone``."""
     h, sizes, find = self._hash_size, self.sizes, self._index.find
-    if any(peek):
-        check_peek(self.groups, sizes.sizes)
     cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
+    if any(peek):
+        if sizes.eagle:
+            return partial_eagle.eagle_hit(self, chunks, keys, n, cap, peek, alone)
+        check_peek(self.groups, sizes.sizes)
+        if alone is not None:
+            raise ConfigError("lookup_per_group's peek is served at one block size or with eagle only")
     walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
 

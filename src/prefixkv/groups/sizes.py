@@ -44,11 +44,12 @@ class BlockSizes:
     partial: bool = False  # vLLM's fine-grained partial hits (groups/partial.py)
     checkpoints: bool = False  # vLLM's chunk-end checkpoint blocks (groups/checkpoints.py)
     checkpoint_alignment: int = 0  # their alignment in tokens (vLLM's prefill_checkpoint_alignment)
+    eagle: bool = False  # vLLM's EAGLE beside partial hits: Mamba's entries at its replay boundary
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
            peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False,
-           checkpoint_alignment: int | None = None) -> BlockSizes:
+           checkpoint_alignment: int | None = None, eagle: bool = False) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
@@ -59,11 +60,16 @@ class BlockSizes:
         ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group
         (groups/checkpoints.py; with ``partial`` only), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
-        block). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
+        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only, without
+        ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
+        one hash block (``peek`` then names full-attention groups at the hash block's
+        size), and a Mamba group's partial entry sits at EAGLE's replay boundary
+        (``partial.tail``). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
         ``checkpoint_alignment``) not a positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
-        group, ``partial`` not a bool or with ``peek``, ``checkpoints`` not a bool or
-        without ``partial``, ``checkpoint_alignment`` without ``checkpoints``."""
+        group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
+        not a bool or without ``partial``, ``checkpoint_alignment`` without
+        ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -81,15 +87,19 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        if type(partial) is not bool or (partial and any(flags)):
-            raise ConfigError(f"partial must be a bool, and False with peek, got {partial!r}")
+        if type(eagle) is not bool or (eagle and (partial is not True or checkpoints)):
+            raise ConfigError(f"eagle must be a bool, and False without partial or with checkpoints, "
+                              f"got {eagle!r}")
+        if type(partial) is not bool or (partial and any(flags) and not eagle):
+            raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
+                              f"got {partial!r}")
         if type(checkpoints) is not bool or (checkpoints and not partial):
             raise ConfigError(f"checkpoints must be a bool, and False without partial, got {checkpoints!r}")
         if checkpoint_alignment is not None and not checkpoints:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \
             check_positive("checkpoint_alignment", checkpoint_alignment)
-        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck)
+        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle)
 
     @property
     def unit(self) -> int:
@@ -211,12 +221,19 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
     got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
-                        block_size.partial, block_size.checkpoints, block_size.checkpoint_alignment or None)
+                        block_size.partial, block_size.checkpoints, block_size.checkpoint_alignment or None,
+                        block_size.eagle)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
     if got.partial:
         check_partial(specs, got)
+        if any(p and (s.kind != FULL or b != got.hash_size)
+               for p, s, b in zip(got.peek, specs, got.sizes, strict=False)) or got.eagle and any(
+                   not s.sparse and b != got.hash_size for s, b in zip(specs, got.sizes, strict=True)):
+            raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with full "
+                              f"attention of the hash block's size ({got.hash_size}) only, got {got}")
+        return got
     if got.peek and not got.one_size:
         return _peeking(specs, got)
     return got

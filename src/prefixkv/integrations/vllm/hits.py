@@ -116,7 +116,7 @@ def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKey
     if not m._hybrid:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
         return (hit[:-1],)
-    if m.num_kv_cache_groups == 1:
+    if m.num_kv_cache_groups == 1 and any(m.eagle_groups):
         bs = m.block_size
         cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
     out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,

@@ -254,7 +254,7 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
-               peek: tuple[bool, ...] = (), lookahead: int = 0) -> tuple[Any, int]:
+               peek: tuple[bool, ...] = (), lookahead: int = 0, eagle: bool = False) -> tuple[Any, int]:
     """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
     ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
     vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
@@ -262,14 +262,16 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to either
     (the hybrid manager's off records nothing: vLLM reuses the blocks first). ``peek``: EAGLE's groups
     (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
-    block after each aligned end too (``BlockSizes.peek``). ``lookahead``: the plain
+    block after each aligned end too (``BlockSizes.peek``); ``eagle``: vLLM's ``use_eagle``
+    beside partial hits (``BlockSizes.eagle``). ``lookahead``: the plain
     manager's blocks keyed with that many tokens after them (``core.lookahead``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
         sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek,
                                                                     s.partial, s.checkpoints,
-                                                                    s.checkpoint_alignment or None)
+                                                                    s.checkpoint_alignment or None,
+                                                                    eagle and s.partial)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

@@ -161,7 +161,8 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
-        after, tail = m.core.num_scheduled_tokens(key), (request.num_prompt_tokens - 1) // h * h
+        after, p = m.core.num_scheduled_tokens(key), request.num_prompt_tokens
+        tail = max(p // h * h - h, 0) if m.use_eagle else (p - 1) // h * h  # (partial.tail)
         if after // h > before // h:
             now = m.get_block_ids(request.request_id)
             if rows and (sizes := m._mamba.sizes) is not None:  # (a checkpoint in a block: its entry)
@@ -189,12 +190,26 @@ def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length
     if not m._junctions or not m.prefix_cache_lookup_enabled(request):
         return 0
     prompt, extra = admission_prompt(m, request)
-    alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
-    unit = m.cache_unit  # (vLLM aligns each group's hit to the lcm, or the hash block with partial hits)
-    alone = alone // unit * unit
-    if max_cache_hit_length is not None:
-        alone = min(alone, max_cache_hit_length // unit * unit)
+    first, unit = m._mamba.first, m.cache_unit  # (vLLM aligns hits to the lcm, or the hash block)
+    if m.eagle_groups and m.eagle_groups[first]:
+        alone = _eagle_alone(m, request, prompt, extra, max_cache_hit_length)
+    else:
+        alone = m.core.lookup_per_group(prompt, extra=extra)[first] // unit * unit
+        if max_cache_hit_length is not None:
+            alone = min(alone, max_cache_hit_length // unit * unit)
     return alone if alone > hit else 0
+
+
+def _eagle_alone(m: KVCacheManager, request: Request, prompt: Any, extra: Any, cap: int | None) -> int:
+    """``junction``'s prefix when the first group is EAGLE's (``options.eagle_layout``):
+    as vLLM's lookup finds it there, its run of cached blocks within the cap
+    (``num_tokens - 1`` by default) plus one block (a hash block with partial hits) and
+    the request's full blocks, less that block."""
+    b: int = m.cache_unit  # (what EAGLE drops: a block at one size, else a hash block)
+    n: int = request.num_tokens
+    run: int = m.core.lookup_per_group(prompt, extra=extra, peek=True)[m._mamba.first]
+    top: int = (n - 1 if cap is None else cap) // b * b + b
+    return max(0, min(run, top, n // b * b) - b)
 
 
 def _before(m: KVCacheManager, key: int | None) -> Any:

@@ -19,8 +19,8 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
                   watermark: float, num_prefill_lookahead: int = 0, enable_caching: bool = True) -> None:
     """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
     EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
-    groups of at most two specs, full attention one of them when two (vLLM's one-pass
-    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0) with
+    groups of at most two specs, full attention one of them when two, and Mamba groups
+    (vLLM's one-pass hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0) with
     caching on but on one full-attention group whose block is the hash block (2 tokens or
     more), without ``use_eagle`` (vLLM's scheduler passes it off: lookahead.py),
     multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
@@ -53,20 +53,32 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     """The groups that match one block past an EAGLE hit (vLLM 0.33: the groups flagged
     ``is_eagle_group``, its draft model's, and those of the same spec; every group when
-    none is flagged). Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's
-    shortened hits on ``layout`` as vLLM does: every group full attention or sliding
-    window (vLLM's chunked local attention refuses EAGLE; beside Mamba, vLLM moves
-    Mamba's checkpoints to EAGLE's replay boundary), and at most two distinct specs, one
+    none is flagged), never a Mamba group (vLLM's Mamba lookup drops nothing). Raises
+    UnsupportedByPrefixKV unless prefixkv finds EAGLE's shortened hits on ``layout`` as
+    vLLM does: every group full attention, sliding window or Mamba (vLLM's chunked local
+    attention refuses EAGLE), beside Mamba every group at one block size, or vLLM's
+    fine-grained partial hits with full attention at the hash block's size and no
+    checkpoint blocks (vLLM moves Mamba's partial entries to EAGLE's replay boundary:
+    ``BlockSizes.eagle``), and at most two distinct specs, one
     of them full attention when two (vLLM's hit is then one pass; with more it applies
     the dropped block once per candidate, and a group that already dropped it is checked
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
+    sizes = layout.sizes
+    if "mamba" in kinds and not sizes.one_size and not (
+            sizes.partial and not sizes.checkpoints and all(
+                g.sparse or b == sizes.hash_size for g, b in zip(layout.groups, sizes.sizes, strict=True))):
+        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside a Mamba "
+                                    f"group at one block size, or with vLLM's fine-grained partial hits "
+                                    f"beside full attention of the hash block's size without checkpoint "
+                                    f"blocks, only, got {sizes}")
     if not all(g.cached for g in layout.groups):
         raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
                                     "beside SWA bounded replay (an uncached window)")
-    if not kinds <= {"full_attention", "sliding_window"}:
+    if not kinds <= {"full_attention", "sliding_window", "mamba"}:
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
-                                    f"full-attention and sliding-window groups only, got {sorted(kinds)}")
+                                    f"full-attention, sliding-window and Mamba groups only, got "
+                                    f"{sorted(kinds)}")
     distinct: list[Any] = []
     for spec in layout.specs:
         if spec not in distinct:
@@ -76,5 +88,5 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
                                     f"one other group spec at most, a full-attention one of the "
                                     f"two, got {len(distinct)} specs")
     flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
-    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
-                 for spec in layout.specs)
+    return tuple(not g.sparse and any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
+                 for g, spec in zip(layout.groups, layout.specs, strict=True))
