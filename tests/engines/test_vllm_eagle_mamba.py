@@ -167,12 +167,7 @@ def test_the_plugin_announces_vllms_events_with_eagle_beside_mamba(layout, ops, 
     # Mamba partial entries at EAGLE's replay boundary included; up to the first spare)
     groups = LAYOUTS[layout]
     s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3, None, events=True)
-    for op, a, b in ops:
-        s.do(op, a, b)
-        s.compare(probe)
-        if any(s.ms[1].core._index.twins):
-            return
-        s.same_events(groups)
+    s.drive(ops, probe, then=lambda s: s.same_events(groups))
 
 
 def _one_size(use_eagle: bool = True, **kw: Any) -> tuple[Any, ...]:

@@ -68,9 +68,11 @@ class Sides:
         self.hits = 0  # (probes that hit)
         self.copies = 0  # (copies on write)
 
-    def drive(self, ops: Any, probe: list[int], each: Any = None) -> None:
+    def drive(self, ops: Any, probe: list[int], each: Any = None, then: Any = None) -> None:
         """Each of ``ops`` on both sides, compared after each (and ``each(self)`` then, if
-        given), up to the first spare (the twin rule: tests/twin_model.py)."""
+        given), up to the first spare (the twin rule: tests/twin_model.py); ``then(self)``
+        after each op that made none (the events: prefixkv announces a spare once per
+        prefix, vLLM per block)."""
         for op, a, b in ops:
             self.do(op, a, b)
             self.compare(probe)
@@ -78,6 +80,8 @@ class Sides:
                 each(self)
             if any(self.ms[1].core._index.twins):
                 return
+            if then is not None:
+                then(self)
 
     def compare(self, probe: list[int]) -> None:
         tables = [{rid: [list(g) for g in m.get_block_ids(rid)] for rid in reqs}
@@ -200,12 +204,7 @@ def test_the_plugin_announces_vllms_events_with_partial_hits(layout, small, ops,
     groups = PARTIAL[layout]
     sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=True,
                   events=True)
-    for op, a, b in ops:
-        sides.do(op, a, b)
-        sides.compare(probe)
-        if any(sides.ms[1].core._index.twins):
-            return
-        sides.same_events(groups)
+    sides.drive(ops, probe, then=lambda s: s.same_events(groups))
 
 
 def test_a_hit_on_a_mamba_state_cached_in_the_same_step_waits_as_in_vllm():
