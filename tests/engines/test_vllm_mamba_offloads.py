@@ -185,3 +185,30 @@ def test_a_finished_partial_tail_is_handed_off_once_as_in_vllm(computed, in_flig
         assert m.finalize_partial_tail_offloads(b) == ([(1, 4, 24)] if offered else []), m
         assert m.finalize_partial_tail_offloads(b) == []
         assert m.take_boundary_state_offloads() == {}
+
+
+def test_a_held_row_of_req_to_blocks_follows_the_table_as_vllms():
+    # (vLLM's tests hold coordinator.single_type_managers[g].req_to_blocks[rid] and read
+    # it after later steps: the Mamba row of full8+mamba16 grows, and turns the state
+    # two steps old null, in place; once the request is freed the row keeps what it
+    # showed)
+    from .test_vllm_block_sizes_reference import _plugin, _vllm
+
+    groups = ((8, None), (16, "mamba"))
+    got = []
+    for m in (_vllm(groups, 8, 16, 40), _plugin(groups, 8, 16, 40)):
+        a = _request("a", list(range(60)), 8)
+        assert m.allocate_slots(a, 16) is not None
+        a.num_computed_tokens = 16
+        row = m.coordinator.single_type_managers[1].req_to_blocks["a"]
+        seen = [[b.block_id for b in row]]
+        for _ in range(2):
+            m.new_step_starts()
+            assert m.allocate_slots(a, 16) is not None
+            a.num_computed_tokens += 16
+            seen.append([b.block_id for b in row])
+        assert row[-1].block_id == seen[-1][-1] and len(row) == 3 and row == list(row)
+        m.free(a)
+        seen.append([b.block_id for b in row])
+        got.append(seen)
+    assert got[0] == got[1] == [[3], [3, 6], [0, 6, 9], [0, 6, 9]]

@@ -5,7 +5,7 @@ hash hits are on, and how many blocks a request still needs), answered from pref
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
@@ -15,15 +15,59 @@ from .layout import Layout
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["CoordinatorView", "GroupView"]
+__all__ = ["CoordinatorView", "GroupView", "LiveRow"]
+
+
+class LiveRow(list[Any]):
+    """A live request's blocks in one group as vLLM's ``req_to_blocks`` holds them: a
+    list that follows the request's table while the request lives (vLLM's grows, and
+    turns entries null, in place; a reader holding it sees that), then keeps what it
+    showed last. Read-only (what it reads is prefixkv's table)."""
+
+    __slots__ = ("_manager", "_request_id", "_group", "_key")
+
+    def __init__(self, manager: KVCacheManager, request_id: str, group: int) -> None:
+        super().__init__()
+        self._manager, self._request_id, self._group = manager, request_id, group
+        self._key = manager._keys.get(request_id)
+        self._sync()
+
+    def _sync(self) -> None:
+        m = self._manager
+        if self._key is not None and m._keys.get(self._request_id) == self._key:
+            list.__setitem__(self, slice(None), m.get_blocks(self._request_id).blocks[self._group])
+
+    def __getitem__(self, i: Any) -> Any:
+        self._sync()
+        return list.__getitem__(self, i)
+
+    def __len__(self) -> int:
+        self._sync()
+        return list.__len__(self)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._sync()
+        return list.__iter__(self)
+
+    def __contains__(self, x: object) -> bool:
+        self._sync()
+        return list.__contains__(self, x)
+
+    def __eq__(self, other: object) -> bool:
+        self._sync()
+        return list.__eq__(self, other)
+
+    def __repr__(self) -> str:
+        self._sync()
+        return list.__repr__(self)
 
 
 class GroupView:
     """One group, as vLLM's ``SingleTypeKVCacheManager`` shows it: ``block_size``,
-    ``kv_cache_spec``, the shared ``block_pool``, and read-only snapshots of prefixkv's state in vLLM's shapes
-    (``req_to_blocks``: live request id -> its blocks in this group; ``num_cached_block``:
-    live request id -> its cached full blocks; ``_null_block``), which vLLM's tests
-    inspect."""
+    ``kv_cache_spec``, the shared ``block_pool``, and read-only views of prefixkv's state in vLLM's shapes
+    (``req_to_blocks``: live request id -> its blocks in this group, each a ``LiveRow``;
+    ``num_cached_block``: live request id -> its cached full blocks, a snapshot;
+    ``_null_block``), which vLLM's tests inspect."""
 
     retains_longer_hit = False
 
@@ -48,7 +92,7 @@ class GroupView:
     @property
     def req_to_blocks(self) -> dict[str, list[Any]]:
         m, g = self._manager, self.kv_cache_group_id
-        return {rid: list(m.get_blocks(rid).blocks[g]) for rid in m.live_request_ids()}
+        return {rid: LiveRow(m, rid, g) for rid in m.live_request_ids()}
 
     @property
     def num_cached_block(self) -> dict[str, int]:
