@@ -136,7 +136,8 @@ def hand_tails(m: KVCacheManager, request: Any, key: int, owned: list[tuple[int,
         ops = m.core.take_kv_ops()
         m._copies.queued += ops
         for g, x in gone:
-            dst = next(op.dst for op in reversed(ops) if op.group_idx == g and op.src == x)
+            dst = next((op.dst for op in reversed(ops) if op.group_idx == g and op.src == x), None)
+            assert dst is not None, f"the partial entry of block {x} in group {g} left with no copy queued"
             if (moved := offers.moved(request.request_id, g, dst + k)) is not None:
                 offers.add(request.request_id, [moved])
     for g, x in now:
