@@ -5,7 +5,7 @@ hash hits are on, and how many blocks a request still needs), answered from pref
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
@@ -37,29 +37,22 @@ class LiveRow(list[Any]):
         if self._key is not None and m._keys.get(self._request_id) == self._key:
             list.__setitem__(self, slice(None), m.get_blocks(self._request_id).blocks[self._group])
 
-    def __getitem__(self, i: Any) -> Any:
-        self._sync()
-        return list.__getitem__(self, i)
 
-    def __len__(self) -> int:
-        self._sync()
-        return list.__len__(self)
+def _synced(name: str) -> Any:
+    """``list``'s ``name`` on a ``LiveRow``, read after it caught up with the table."""
+    read = getattr(list, name)
 
-    def __iter__(self) -> Iterator[Any]:
+    def call(self: LiveRow, *args: Any) -> Any:
         self._sync()
-        return list.__iter__(self)
+        return read(self, *args)
 
-    def __contains__(self, x: object) -> bool:
-        self._sync()
-        return list.__contains__(self, x)
+    call.__name__ = name
+    return call
 
-    def __eq__(self, other: object) -> bool:
-        self._sync()
-        return list.__eq__(self, other)
 
-    def __repr__(self) -> str:
-        self._sync()
-        return list.__repr__(self)
+for _name in ("__getitem__", "__len__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
+              "__repr__", "index", "count"):
+    setattr(LiveRow, _name, _synced(_name))
 
 
 class GroupView:

@@ -19,13 +19,14 @@ position: vLLM's manager names each one, ``(group, block id, boundary tokens)``:
 Offers wait, per group in call order, until ``take`` drains them (vLLM's scheduler: once
 a step), grouped by request: each request's list is group after group. A request that
 leaves (``free``, ``pop_blocks_for_free``) takes its waiting offers and partial tail with
-it. Nothing is held for an offer: it names a block whose content holds until the step
-ends (a connector reading later pins it first), as vLLM's.
+it (found gone when they are read: a free costs nothing here). Nothing is held for an
+offer: it names a block whose content holds until the step ends (a connector reading
+later pins it first), as vLLM's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,66 +39,65 @@ Offer = tuple[int, int, int]
 
 
 class BoundaryOffers:
-    """The offers not yet taken and the partial tails not yet handed off (module docstring)."""
+    """The offers not yet taken and the partial tails not yet handed off (module
+    docstring), each under the request's id and prefixkv's key of it (one per admission):
+    a request that left is found gone when they are read (``take``, ``finalize``), so
+    that freeing a request costs nothing here."""
 
     def __init__(self) -> None:
-        # request id -> its offers waiting: (group, serial, block id, boundary tokens)
-        self._waiting: dict[str, list[tuple[int, int, int, int]]] = {}
+        # key -> the request id and its offers waiting: (group, serial, block id, boundary tokens)
+        self._waiting: dict[int, tuple[str, list[tuple[int, int, int, int]]]] = {}
         self._serial = 0  # (the call order within a group)
-        self._tails: dict[str, list[Offer]] = {}  # request id -> its partial tails
+        self._tails: dict[int, tuple[str, list[Offer]]] = {}  # key -> the request id and its partial tails
 
-    def add(self, request_id: str, offers: Iterable[Offer]) -> None:
-        """``offers`` of the request, in order, after those already waiting."""
-        waiting = self._waiting.setdefault(request_id, [])
+    def add(self, key: int, request_id: str, offers: Iterable[Offer]) -> None:
+        """``offers`` of the live request ``request_id`` (``key``), in order, after those
+        already waiting."""
+        waiting = self._waiting.setdefault(key, (request_id, []))[1]
         for g, block_id, tokens in offers:
             self._serial += 1
             waiting.append((g, self._serial, block_id, tokens))
-        if not waiting:
-            del self._waiting[request_id]
 
-    def take(self) -> dict[str, list[Offer]]:
-        """The waiting offers, drained: ``{request id: [(group, block id, boundary), ...]}``,
-        group after group, each group's in call order; a request appears where its first
-        offer of the lowest group is (vLLM's order)."""
+    def take(self, live: Mapping[Any, int]) -> dict[str, list[Offer]]:
+        """The waiting offers of the requests still live (``live``: request id -> key),
+        drained: ``{request id: [(group, block id, boundary), ...]}``, group after group,
+        each group's in call order; a request appears where its first offer of the
+        lowest group is (vLLM's order). The others go, and the tails of requests gone."""
+        if self._tails:
+            self._tails = {k: t for k, t in self._tails.items() if live.get(t[0]) == k}
         if not self._waiting:
             return {}
-        ordered = sorted((g, serial, rid, block_id, tokens)
-                         for rid, offers in self._waiting.items() for g, serial, block_id, tokens in offers)
+        ordered = sorted((g, serial, rid, block_id, tokens) for k, (rid, offers) in self._waiting.items()
+                         if live.get(rid) == k for g, serial, block_id, tokens in offers)
         self._waiting = {}
         out: dict[str, list[Offer]] = {}
         for g, _, rid, block_id, tokens in ordered:
             out.setdefault(rid, []).append((g, block_id, tokens))
         return out
 
-    def tail(self, request_id: str, g: int, block_id: int, tokens: int) -> None:
-        """The request recorded a partial tail of ``tokens`` in its block ``block_id`` of group ``g``."""
-        self._tails.setdefault(request_id, []).append((g, block_id, tokens))
+    def tail(self, key: int, request_id: str, g: int, block_id: int, tokens: int) -> None:
+        """The live request recorded a partial tail of ``tokens`` in its block ``block_id`` of group ``g``."""
+        self._tails.setdefault(key, (request_id, []))[1].append((g, block_id, tokens))
 
-    def moved(self, request_id: str, g: int, copy_id: int) -> Offer | None:
-        """The request's partial tail in group ``g`` moved to ``copy_id``: the offer of the
-        copy (the tail consumed), or None when no tail of it is waiting."""
-        tails = self._tails.get(request_id)
-        k = next((k for k, t in enumerate(tails) if t[0] == g), None) if tails else None
-        if tails is None or k is None:
+    def moved(self, key: int, g: int, copy_id: int) -> Offer | None:
+        """The live request's partial tail in group ``g`` moved to ``copy_id``: the offer
+        of the copy (the tail consumed), or None when no tail of it is waiting."""
+        tails = self._tails[key][1] if key in self._tails else []
+        k = next((k for k, t in enumerate(tails) if t[0] == g), None)
+        if k is None:
             return None
         tokens = tails.pop(k)[2]
         if not tails:
-            del self._tails[request_id]
+            del self._tails[key]
         return g, copy_id, tokens
 
-    def finalize(self, request: Any) -> list[Offer]:
-        """The request's partial tails, consumed: each one's table block and boundary
-        when the request computed exactly up to it and has none in flight, else none."""
-        tails = self._tails.pop(request.request_id, [])
+    def finalize(self, request: Any, key: int | None) -> list[Offer]:
+        """The partial tails of ``request`` (live as ``key``; None: gone, it has none),
+        consumed: each one's table block and boundary when the request computed exactly
+        up to it and has none in flight, else none."""
+        tails = self._tails.pop(key, ("", []))[1] if key is not None and self._tails else []
         return sorted(t for t in tails if not request.num_in_flight_tokens
                       and request.num_computed_tokens == t[2])
-
-    def drop(self, request_id: str) -> None:
-        """The request leaves: its waiting offers and partial tails go."""
-        if self._waiting:
-            self._waiting.pop(request_id, None)
-        if self._tails:
-            self._tails.pop(request_id, None)
 
 
 def offer(m: KVCacheManager, request: Any, noted: Sequence[tuple[int, int, int]],
@@ -108,8 +108,8 @@ def offer(m: KVCacheManager, request: Any, noted: Sequence[tuple[int, int, int]]
     if noted or kept:
         sizes = m.group_sizes
         got = [(g, i, (j + 1) * sizes[g]) for g, j, i in noted]
-        m._mamba.offers.add(request.request_id, sorted(got + list(kept), key=lambda o: (o[0], o[2])) if kept
-                            else got)
+        m._mamba.offers.add(m._keys[request.request_id], request.request_id,
+                            sorted(got + list(kept), key=lambda o: (o[0], o[2])) if kept else got)
 
 
 def inside(groups: Sequence[int], ids: Sequence[Sequence[int]], kept: Sequence[Sequence[int]],
@@ -138,8 +138,8 @@ def hand_tails(m: KVCacheManager, request: Any, key: int, owned: list[tuple[int,
         for g, x in gone:
             dst = next((op.dst for op in reversed(ops) if op.group_idx == g and op.src == x), None)
             assert dst is not None, f"the partial entry of block {x} in group {g} left with no copy queued"
-            if (moved := offers.moved(request.request_id, g, dst + k)) is not None:
-                offers.add(request.request_id, [moved])
+            if (moved := offers.moved(key, g, dst + k)) is not None:
+                offers.add(key, request.request_id, [moved])
     for g, x in now:
         if (g, x) not in owned:
-            offers.tail(request.request_id, g, x + k, after)
+            offers.tail(key, request.request_id, g, x + k, after)

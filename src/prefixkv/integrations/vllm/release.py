@@ -31,10 +31,8 @@ __all__ = ["estimate_cached", "evict", "forget", "free_popped", "free_request", 
 
 def forget(m: KVCacheManager, request_id: str) -> int | None:
     """Drop the request's vLLM id and evicted-block note; prefixkv's id of it, None
-    when it held no blocks; its boundary-state offers not taken go (offloads.py). Its
-    blocks stay held."""
+    when it held no blocks. Its blocks stay held."""
     m._evicted.pop(request_id, None)
-    m._mamba.offers.drop(request_id)
     return m._keys.pop(request_id, None)
 
 

@@ -12,7 +12,7 @@ stats and events (telemetry.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
@@ -84,6 +84,8 @@ class StepCalls:
     _zeroes: Zeroing | None
     """The blocks vLLM's worker zeroes (zeroing.py); None where it zeroes none."""
     _copies: CowCopies
+    _keys: dict[Hashable, int]
+    """vLLM's request id -> prefixkv's id of the live request (manager.py)."""
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -137,7 +139,7 @@ class StepCalls:
         (offloads.py: each block a Mamba group cached, under the tokens whose state it
         holds, and each partial tail's copy); {} without Mamba groups or caching. A
         request that left took its offers with it. No block is held for an offer."""
-        return self._mamba.offers.take()
+        return self._mamba.offers.take(self._keys)
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
         """The request's partial tails (its own entry at its prompt's last hash boundary
@@ -145,4 +147,4 @@ class StepCalls:
         boundary tokens)]`` when it computed exactly up to them and has no token in
         flight, else [] (offloads.py); as vLLM's, which its scheduler calls for a
         producer's finished request before freeing it."""
-        return self._mamba.offers.finalize(request)
+        return self._mamba.offers.finalize(request, self._keys.get(request.request_id))
