@@ -4,7 +4,7 @@ again, a spare partial entry moved, Mamba blocks of the hash block's size)."""
 
 import pytest
 
-from prefixkv.errors import ConfigError
+from prefixkv.errors import ConfigError, RequestError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
 from prefixkv.groups.results import GroupBlockCopy
 
@@ -50,12 +50,16 @@ def test_a_request_id_admitted_again_owns_its_new_entry_alone():
     m.add_request("0", p, num_new_tokens=6)
     assert m.get_block_ids("0") == ((5, 6, 7), (0, 8))
     assert m.num_pending_copies("0") == 1
+    assert m.owned_entries("0") == [(1, 8)]  # (group, block: the entry its growth moves)
     assert m.extend("0", 1) == ((9,), ())
+    assert m.owned_entries("0") == []
     assert m.take_kv_ops() == [GroupBlockCopy(8, 10, group_idx=1)]
     assert m.get_block_ids("0")[1] == (0, 8)  # (the owner keeps writing its block)
     assert m.cached_block_ids(p[:6] + [11, 11], 6) == (7, 10)  # (the state at 6 is the copy's)
     assert m.lookup_block_ids(p[:6] + [11, 11]) == ((5, 6, 7), (0, 10))
     m.check_invariants()
+    with pytest.raises(RequestError):
+        m.owned_entries("gone")
 
 
 def test_a_spare_partial_entry_moves_to_a_spare_copy():

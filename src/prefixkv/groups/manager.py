@@ -166,6 +166,7 @@ class HybridKVCacheManager:
     reset_prefix_cache = release.reset_prefix_cache
     release_copies = partial.release_copies  # (partial hits' copies on write: groups/partial.py)
     num_pending_copies = partial.num_pending_copies
+    owned_entries = partial.owned_entries
     _free_order = release._free_order
 
     # ---- the helpers every path shares: groups/parts.py

@@ -193,6 +193,13 @@ def num_pending_copies(self: HybridKVCacheManager, request_id: Hashable) -> int:
     return len(pending(self, self._get(request_id)))
 
 
+def owned_entries(self: HybridKVCacheManager, request_id: Hashable) -> list[tuple[int, int]]:
+    """The partial entries the request owns, ``(group, block id)``, in the order
+    recorded: those its next growth moves (none: empty). Raises RequestError for an
+    unknown id."""
+    return [(g, x.block_id) for g, _, x in pending(self, self._get(request_id))]
+
+
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:
     """The request leaves: it owns no entry any more."""
     if self._owners:

@@ -15,15 +15,52 @@ from .layout import Layout
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["CoordinatorView", "GroupView"]
+__all__ = ["CoordinatorView", "GroupView", "LiveRow"]
+
+
+class LiveRow(list[Any]):
+    """A live request's blocks in one group as vLLM's ``req_to_blocks`` holds them: a
+    list that follows the request's table while the request lives (vLLM's grows, and
+    turns entries null, in place; a reader holding it sees that), then keeps what it
+    showed last. Read-only (what it reads is prefixkv's table)."""
+
+    __slots__ = ("_manager", "_request_id", "_group", "_key")
+
+    def __init__(self, manager: KVCacheManager, request_id: str, group: int) -> None:
+        super().__init__()
+        self._manager, self._request_id, self._group = manager, request_id, group
+        self._key = manager._keys.get(request_id)
+        self._sync()
+
+    def _sync(self) -> None:
+        m = self._manager
+        if self._key is not None and m._keys.get(self._request_id) == self._key:
+            list.__setitem__(self, slice(None), m.get_blocks(self._request_id).blocks[self._group])
+
+
+def _synced(name: str) -> Any:
+    """``list``'s ``name`` on a ``LiveRow``, read after it caught up with the table."""
+    read = getattr(list, name)
+
+    def call(self: LiveRow, *args: Any) -> Any:
+        self._sync()
+        return read(self, *args)
+
+    call.__name__ = name
+    return call
+
+
+for _name in ("__getitem__", "__len__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
+              "__repr__", "index", "count"):
+    setattr(LiveRow, _name, _synced(_name))
 
 
 class GroupView:
     """One group, as vLLM's ``SingleTypeKVCacheManager`` shows it: ``block_size``,
-    ``kv_cache_spec``, the shared ``block_pool``, and read-only snapshots of prefixkv's state in vLLM's shapes
-    (``req_to_blocks``: live request id -> its blocks in this group; ``num_cached_block``:
-    live request id -> its cached full blocks; ``_null_block``), which vLLM's tests
-    inspect."""
+    ``kv_cache_spec``, the shared ``block_pool``, and read-only views of prefixkv's state in vLLM's shapes
+    (``req_to_blocks``: live request id -> its blocks in this group, each a ``LiveRow``;
+    ``num_cached_block``: live request id -> its cached full blocks, a snapshot;
+    ``_null_block``), which vLLM's tests inspect."""
 
     retains_longer_hit = False
 
@@ -48,7 +85,7 @@ class GroupView:
     @property
     def req_to_blocks(self) -> dict[str, list[Any]]:
         m, g = self._manager, self.kv_cache_group_id
-        return {rid: list(m.get_blocks(rid).blocks[g]) for rid in m.live_request_ids()}
+        return {rid: LiveRow(m, rid, g) for rid in m.live_request_ids()}
 
     @property
     def num_cached_block(self) -> dict[str, int]:

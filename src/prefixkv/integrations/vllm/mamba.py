@@ -23,6 +23,7 @@ from prefixkv.groups import BlockSizes, GroupSpec
 
 from . import checkpoints
 from .layout import UnsupportedByPrefixKV
+from .offloads import BoundaryOffers, hand_tails, inside, offer, tails
 from .slots import admission_prompt
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class StepCache:
         self.first = first
         """The group vLLM's coordinator looks a hit up in first (full attention's, if
         any, else group 0): its own hit is ``junction``'s."""
+        self.offers = BoundaryOffers()
+        """The blocks offered to a connector, until taken (offloads.py)."""
         self._cached: set[tuple[int, Any]] = set()
 
     def clear(self) -> None:
@@ -72,15 +75,16 @@ class StepCache:
         self._cached.clear()
 
     def note(self, request: Request, rows: tuple[list[int], ...], first: int, last: int,
-             null: int) -> None:
+             null: int) -> list[tuple[int, int, int]]:
         """The request's full blocks in tokens ``first .. last - 1`` were made findable
         now (with ``sizes``, ``first`` and ``last`` are tokens; else blocks): note those a
         Mamba group holds (``rows``: its vLLM block ids per group; ``null``: the null
         block's id, an entry the step jumped over) under their keys (the hash at each
         block's last hash boundary, as vLLM keys them); with a retention (``kept``), only
         those ``BlockSizes.caches`` records (vLLM notes no block its sparse retention
-        leaves uncached)."""
-        hashes, sizes = request.block_hashes, self.sizes
+        leaves uncached). Returns those blocks, ``(group, block index, block id)``,
+        group after group in index order."""
+        hashes, sizes, got = request.block_hashes, self.sizes, []
         marks = (request.num_prompt_tokens - 1, request.shared_prefix_boundary) if self.kept else ()
         for k, g in enumerate(self.groups):
             row, lo, hi = rows[g], first, last
@@ -91,6 +95,8 @@ class StepCache:
                 if row[j] != null and i < len(hashes) and (
                         not marks or sizes is None or sizes.caches(self.kept[k], g, last, j, marks)):
                     self._cached.add((g, hashes[i]))
+                    got.append((g, j, row[j]))
+        return got
 
     def note_tail(self, request: Request, num_tokens: int) -> None:
         """The partial entries at ``num_tokens`` (the request's prompt's last hash
@@ -145,7 +151,7 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     if key is not None and m.enable_caching:
         last = m.core.num_scheduled_tokens(key) // bs * bs // unit
         if last > first:
-            m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0)
+            offer(m, request, m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0))
     return out
 
 
@@ -157,24 +163,29 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
         return None
     before = hit if key is None else m.core.num_scheduled_tokens(key)
     moves = 0 if key is None else m.core.num_pending_copies(key)
+    owned = tails(m, key) if moves and key is not None else []  # (its partial tails: offloads.py)
     rows = _before(m, key) if m._mamba.checkpoints else ()  # (checkpoints.py)
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         after, p = m.core.num_scheduled_tokens(key), request.num_prompt_tokens
         tail = max(p // h * h - h, 0) if m.use_eagle else (p - 1) // h * h  # (partial.tail)
+        pending = m.core.num_pending_copies(key)
+        if moves or pending:  # (tails moved to a copy, or recorded: offloads.py)
+            hand_tails(m, request, key, owned, after)
         if after // h > before // h:
             now = m.get_block_ids(request.request_id)
+            kept: list[tuple[int, int, int]] = []
             if rows and (sizes := m._mamba.sizes) is not None:  # (a checkpoint in a block: its entry)
                 sparse = [g in m._mamba.groups for g in range(len(now))]
-                now = tuple(list(ids) for ids in now)
+                ids, now = now, tuple(list(row) for row in now)
                 c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
                                       request.shared_prefix_boundary,
                                       checkpoints.prefill_end(m.retention_interval, request))
                 if c:
                     m._mamba.note_tail(request, c)
-            m._mamba.note(request, now, before // h * h, after // h * h, 0)
-        pending = m.core.num_pending_copies(key)
+                    kept = inside(m._mamba.groups, ids, now, c)
+            offer(m, request, m._mamba.note(request, now, before // h * h, after // h * h, 0), kept)
         if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
             m._mamba.note_tail(request, tail)
     return out

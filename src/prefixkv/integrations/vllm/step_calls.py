@@ -1,8 +1,9 @@
 """The calls vLLM's scheduler makes once a step on its ``KVCacheManager``: the step's
 start, its stats and KV events, the blocks to zero (zeroing.py), and the per-step calls
-of Mamba's copies and offloads: prefixkv offloads nothing, and its copies are the copies on
-write of vLLM's fine-grained partial hits (groups/partial.py), handed out with the blocks
-they hold (``CowCopies``) and given back through ``block_pool.free_blocks``.
+of Mamba's copies and offloads: its offloads are the states offered to a connector
+(offloads.py), and its copies are the copies on write of vLLM's fine-grained partial hits
+(groups/partial.py), handed out with the blocks they hold (``CowCopies``) and given back
+through ``block_pool.free_blocks``.
 
 ``StepCalls`` is the base of manager.py's ``KVCacheManager``, which builds what these
 calls read: prefixkv's manager (``core``), the Mamba groups' step cache (mamba.py) and the
@@ -11,7 +12,7 @@ stats and events (telemetry.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
@@ -83,6 +84,8 @@ class StepCalls:
     _zeroes: Zeroing | None
     """The blocks vLLM's worker zeroes (zeroing.py); None where it zeroes none."""
     _copies: CowCopies
+    _keys: dict[Hashable, int]
+    """vLLM's request id -> prefixkv's id of the live request (manager.py)."""
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -119,7 +122,7 @@ class StepCalls:
 
     # (record_blocks_for_zeroing, which reads a request's blocks: manager.py)
 
-    # ---- Mamba's per-step calls: nothing to do --------------------------------------------
+    # ---- Mamba's per-step calls: copies on write, offers (offloads.py) ---------------------
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """The copies on write since the previous call (vLLM's fine-grained partial hits:
@@ -131,9 +134,17 @@ class StepCalls:
         return self._copies.hand_out(ops)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """{}: boundary states are Mamba's."""
-        return {}
+        """The Mamba states offered to a connector since the previous call, drained:
+        ``{request id: [(group, block id, boundary tokens), ...]}``, as vLLM's
+        (offloads.py: each block a Mamba group cached, under the tokens whose state it
+        holds, and each partial tail's copy); {} without Mamba groups or caching. A
+        request that left took its offers with it. No block is held for an offer."""
+        return self._mamba.offers.take(self._keys)
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """[]: partial tails are Mamba's."""
-        return []
+        """The request's partial tails (its own entry at its prompt's last hash boundary
+        inside a Mamba block, not yet moved to a copy), consumed: ``[(group, block id,
+        boundary tokens)]`` when it computed exactly up to them and has no token in
+        flight, else [] (offloads.py); as vLLM's, which its scheduler calls for a
+        producer's finished request before freeing it."""
+        return self._mamba.offers.finalize(request, self._keys.get(request.request_id))
