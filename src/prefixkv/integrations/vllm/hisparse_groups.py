@@ -123,6 +123,13 @@ class _GroupView(GroupView):
         m = self._hisparse
         return m.host_pool if self.kv_cache_group_id == HOST else m.block_pool
 
+    @property
+    def req_to_blocks(self) -> dict[str, list[Any]]:
+        """Each live request's blocks in this group, a snapshot (``GroupView``'s rows follow
+        the plain manager's tables, which this manager does not keep)."""
+        m, g = self._hisparse, self.kv_cache_group_id
+        return {rid: list(m.get_blocks(rid).blocks[g]) for rid in m.live_request_ids()}
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
