@@ -27,7 +27,7 @@ def test_an_unknown_keyword_of_the_manager_names_the_manager(keyword):
         KVCacheManager(16, 4, **{keyword: 1})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("keyword", ["host_blocks", "store", "enable_caching", "foo"])
+@pytest.mark.parametrize("keyword", ["host_blocks", "store", "enable_prefix_caching", "foo"])
 def test_an_unknown_keyword_of_the_hybrid_manager_names_the_hybrid_manager(keyword):
     """``HybridKVCacheManager(..., host_blocks=8)`` (a ``KVCacheManager`` keyword it does
     not take) raised a TypeError naming ``GroupParts.__init__`` (badinput-r16's open item)."""

@@ -49,6 +49,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
+          "groups.partial_eagle",
           "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
           "groups.hisparse.spills", "groups.hisparse.state"}

@@ -82,10 +82,10 @@ def test_one_size_reads_as_before():
     (lambda: (_spec(8, None), _chunked(16, 32)), 16, 8, "sliding-window and Mamba groups only"),
     # (vLLM's fine-grained partial hits: a Mamba block past the hash block, beside
     # groups that all look up at the hash block)
-    # (served beside full attention at the hash block only: a window, or full attention
-    # larger than the hash block, which vLLM then looks up inside its blocks too)
+    # (served beside full attention only: not a window; full attention of two sizes only
+    # where one is the hash block's, twofull-r28)
     (lambda: (_spec(8, 20), _spec(8, None), _spec(16, "mamba")), 16, 8, "fine-grained partial hits"),
-    (lambda: (_spec(8, None), _spec(16, None), _spec(32, "mamba")), 32, 8, "fine-grained partial hits"),
+    (lambda: (_spec(16, None), _spec(32, None), _spec(32, "mamba")), 32, 8, "fine-grained partial hits"),
 ])
 def test_what_the_hybrid_manager_is_not_given_is_refused_by_name(make, scheduler, hashes, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
