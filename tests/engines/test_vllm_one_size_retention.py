@@ -68,3 +68,23 @@ def test_a_rewind_forgets_a_window_block_only_another_requests_mark_cached():
     assert pair.mirror[head] == 1 and head not in pair.model.holders  # (the rest as vLLM's)
     assert {k: v for k, v in pair.mirror.items() if k != head} == \
         {k: len(v) for k, v in pair.model.holders.items() if not len(k[2]) % 8}
+
+
+def test_a_rewind_forgets_a_pure_windows_block_only_another_requests_mark_cached():
+    # The same in a pure window (window8@8, retention 0), as the property's other found
+    # example began: c (26 tokens, [0] * 6 + [3] * 20) caches its window block 2 (id 5)
+    # as its replay boundary's tail (25 -> 24); d (c's first 25 tokens and [3] * 20)
+    # hits it (24), computes one token (a block more: id 7) and, once c is gone,
+    # recomputes from 23: vLLM keeps block 2 cached; the reference forgets it and d's
+    # marks (44) do not reach it.
+    pair = Pair(((8, 8),), _pool(((8, 8),), 0), retention=0)
+    _run(pair, [("add", [7], None), ("add", [0] * 9, None), ("free", 0, 0), ("again", (1, 3), None),
+                ("again", (2, 1), 1), ("free", 1, 0)], [7])
+    assert pair.model.reqs["r5"].tables == [[0, 0, 5, 7]] and pair.model.reqs["r5"].computed == 25
+    tail = (0, None, (0,) * 6 + (3,) * 18)
+    assert pair.model.holders == {(0, None, (0,) * 8): [2], tail: [5]} and not pair.model.diverged
+    pair.do("recompute", 1, 2)
+    pair.note_events()
+    assert pair.model.diverged
+    assert pair.mirror == {(0, None, (0,) * 8): 1, tail: 1}
+    assert pair.model.holders == {(0, None, (0,) * 8): [2]}
