@@ -183,8 +183,9 @@ class SizedModel:
         self.tail_holders: Counter = Counter()  # a tail entry -> how many blocks hold it
         self.reqs: dict = {}
         # a rewind forgot what vLLM keeps beyond the request's own blocks (a spare, a
-        # copy, a longer prefix, another request's prefix id): from then on vLLM's queue,
-        # keys and hits differ by design
+        # copy, a longer prefix, another request's prefix id) or what its recompute does
+        # not cache again (a window block only another request's marks reach, ``retention``):
+        # from then on vLLM's queue, keys and hits differ by design
         self.diverged = False
 
     # ---- keys and hits --------------------------------------------------------------
@@ -759,7 +760,10 @@ class SizedModel:
                 return False
         roots = []
         for g, (b, _) in enumerate(self.groups):
-            for x in r.tables[g][p // b:]:
+            for j, x in enumerate(r.tables[g][p // b:], p // b):
+                # (a key this request does not reach: another's marks cached it; the
+                # recompute does not cache it again, vLLM's keeps it)
+                self.diverged |= bool(self.keys[x]) and not self._reachable(g, j, r)
                 key = next((k for k, held in self.spares.items() if x in held), None)
                 if key is not None:  # (a spare: unlisted)
                     self.diverged = True

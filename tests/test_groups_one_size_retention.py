@@ -180,3 +180,40 @@ def test_a_rewind_into_a_hit_keeps_the_content_other_requests_recorded(machine, 
     where such content is allowed, now ends below the block). Tables, free queue, events
     and hits agree with the reference throughout."""
     _steps(machine, steps)
+
+
+class FullBesideWindow12Machine(OneSizeRetention):
+    """Full attention and a 12-token window at 8, retention 24 (the scenario below)."""
+
+    groups = ((8, None), (8, 12))
+    extra_blocks = 4
+    retention = 24
+
+
+def test_a_rewind_forgets_a_window_block_only_another_requests_mark_cached():
+    """tests/engines/test_vllm_one_size_retention.py's scenario (found there, session
+    28) on prefixkv's manager, held to the reference: a (9 tokens) caches its window
+    block 0 as its replay boundary's tail; b (25 tokens) hits it, then rewinds to 7 and
+    gives its tokens again. prefixkv forgets the block's content at the rewind, as the
+    reference does (vLLM's recompute keeps it: by design, the reference then says it
+    diverged), and does not cache it again: b's marks (24) and segment tails (blocks
+    1, 2) do not reach it; full attention caches its block 0 again."""
+    state = FullBesideWindow12Machine()
+    state.setup()
+    a = state.add(P[:9], None, None)
+
+    def check():
+        state.consistent()
+        state.same_events()
+        state.same_hits()
+        state.same_tables_and_free_queue()
+        return list(state.m.lookup_per_group(P[:8] + [0]))
+
+    assert check() == [8, 8]
+    state.free(a)
+    b = state.add(P[:23] + [0, 0], None, None)
+    assert state.model.reqs[b].tables == [[1, 4, 2, 5], [3, 6, 7, 8]] and check() == [8, 8]
+    state.rewind(b, back=18, cuts=[], other=None)
+    assert state.model.diverged and check() == [8, 0]  # (the window's block 0, id 3, forgotten)
+    assert state.model.reqs[b].tables == [[1, 4, 2, 5], [3, 6, 7, 8]]
+    state.teardown()

@@ -279,7 +279,9 @@ class Pair:
         again (its blocks stay cached; the scheduler's recompute). The references:
         prefixkv's ``rewind`` and ``grow`` (tests/sized_model.py): the same tables
         always; the same queue, keys and hits while the rewind forgot only the
-        request's own keys (``diverged`` says when not: the comparison stops there)."""
+        request's own keys, each cached again by the recompute (``diverged`` says when
+        not, e.g. a window block only another request's retention marks reach: the
+        comparison stops there)."""
         r = self.reqs[rid]
         n = r.num_computed_tokens
         p = max(0, n - back)
