@@ -48,10 +48,11 @@ class LookaheadMachine(RuleBasedStateMachine):
     def _keyed(self, tokens, computed):
         return max(0, min(computed, len(tokens) - self.L))
 
-    def _cache(self, rid):
-        """The reference's caching at an ``allocate_slots`` of ``rid``; KV written."""
+    def _cache(self, rid, upto=None):
+        """The reference's caching at an ``allocate_slots`` of ``rid`` (its blocks up to
+        ``upto`` tokens when given, else up to those computed); KV written."""
         tokens, computed = self.reqs[rid]
-        for i, key in self.model.allocate(tokens, computed):
+        for i, key in self.model.allocate(tokens, computed if upto is None else min(computed, upto)):
             self.kv.write(key, tokens, i, computed)
 
     @rule(prompt=PROMPTS, chunk=st.integers(1, 30), read=st.booleans())
@@ -198,7 +199,11 @@ class LookaheadMachine(RuleBasedStateMachine):
                 self.kv.written.pop(key, None)
         self.reqs[rid] = (tokens, back)
         for other in self.reqs:  # (a block of equal content another request computed
-            self._cache(other)  # serves the key again, as in vLLM's hash-to-blocks map)
+            # serves the key again, as in vLLM's hash-to-blocks map; up to the tokens that
+            # request scheduled: one computed in a lookahead slot whose lookahead tokens
+            # became known since is keyed at its next step, as vLLM caches it at its next
+            # allocate_slots; found with --hypothesis-seed=4242)
+            self._cache(other, self.m.num_scheduled_tokens(other))
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -290,4 +295,20 @@ def test_a_rewind_into_a_blocks_lookahead_keeps_its_key():
     assert m.lookup(tokens[:5] + [99] + tokens[6:]) == 0  # (another token 5: block 0 not found)
     m.extend("a", 5)
     assert m.lookup(tokens) == 8
+    m.check_invariants()
+
+
+def test_a_block_computed_in_a_lookahead_slot_is_keyed_at_the_next_step():
+    """The machine's example under --hypothesis-seed=4242 (its reference over-cached after
+    a rewind of another request): a block whose last token was computed in a lookahead
+    slot is findable once its lookahead token is known AND a step schedules it (vLLM
+    caches it at its next ``allocate_slots``), not when the token becomes known."""
+    m = LookaheadKVCacheManager(64, 2, hash_lookahead_tokens=1)
+    m.add_request(0, [0], num_new_tokens=1, read_cache=False)
+    m.add_request(1, [0, 0], num_new_tokens=1, read_cache=False, num_lookahead_tokens=1)
+    m.add_tokens(1, [0, 0])  # (its block 0's lookahead token is known now)
+    m.rewind(0, 0)  # (another request's rewind keys nothing of request 1's)
+    assert m.lookup([0, 0, 0]) == 0
+    assert m.extend(1, 1) is not None  # (the next step schedules the slot's token)
+    assert m.lookup([0, 0, 0]) == 2
     m.check_invariants()
