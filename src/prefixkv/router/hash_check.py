@@ -114,17 +114,15 @@ class HashCheck:
                     or None not in (scored, run.group) and run.group != scored:
                 continue
             widths = {len(e) for e in run.lookahead} if run.lookahead is not None else {0}
-            if widths != {self._lookahead}:  # (another lookahead: nothing to rehash)
-                left[0] -= len(run.hashes)
-                self.checked[replica] += len(run.hashes)
-                self._marks.hash_mismatched(replica, run.medium, (min(widths), self._lookahead))
-                continue
-            mine = self._hashes(run, len(run.hashes))
-            if not mine:
+            other = widths != {self._lookahead}  # (another lookahead: nothing to rehash)
+            mine = [] if other else self._hashes(run, len(run.hashes))
+            if not (other or mine):
                 continue
             left[0] -= len(run.hashes)
             self.checked[replica] += len(run.hashes)
-            if run.hashes not in mine:
+            if other:
+                self._marks.hash_mismatched(replica, run.medium, (min(widths), self._lookahead))
+            elif run.hashes not in mine:
                 self._marks.hash_mismatched(replica, run.medium)
         if left[0] <= 0 or left[1] <= 0:
             del self._left[replica]
