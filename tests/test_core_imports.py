@@ -42,7 +42,8 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.
              "core.lookahead_events",
              "core.store_start"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.tails", "groups.fine", "groups.results", "groups.request",
+          "groups.unindex", "groups.events", "groups.tails", "groups.fine", "groups.results",
+          "groups.request",
           "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",

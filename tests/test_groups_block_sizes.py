@@ -59,7 +59,8 @@ def test_sizes_that_are_not_one_size_make_the_sized_manager(sizes):
 
 
 def test_what_the_sized_manager_does_not_serve_yet_is_refused():
-    with pytest.raises(ConfigError, match="UncachedHybridManager serves one block size"):
+    with pytest.raises(ConfigError, match="UncachedHybridManager serves one block size"), \
+            pytest.warns(DeprecationWarning):
         UncachedHybridManager(GROUPS, 64, BlockSizes.of([8, 16]))  # type: ignore[arg-type]
     m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]))
     m.add_request("a", list(range(40)))

@@ -3,6 +3,9 @@ block (groups/partial_full.py, groups/fine.py), by hand: the scenes of vLLM 0.33
 tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py (hash block 2, full
 attention at 4, Mamba at 4)."""
 
+import pytest
+
+from prefixkv.errors import InvariantError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
 from prefixkv.groups.results import GroupBlockCopy
 from prefixkv.hashing import encode_tokens, token_bytes
@@ -125,3 +128,24 @@ def test_a_free_primary_takes_its_freed_spares_place_among_the_cached_ones():
     assert order[:2] == [c.dst for c in spare]  # (returned empty, reused in the order given)
     assert order[-2:] == [c.dst for c in first]
     m.check_invariants()
+
+
+def test_a_hit_stops_at_a_gap_in_full_attention_and_the_check_names_the_gap():
+    # (no call leaves a full-attention group finding a block without the one before it:
+    # a request's blocks are freed tail first, an evicted primary hands its prefix to a
+    # held spare, uncache forgets the descendants; the check holds that, and the hit
+    # stops at the first block not found: here the gap is made by hand)
+    m = _manager()
+    prompt = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    m.add_request("0", prompt, num_new_tokens=4)
+    m.extend("0", 4)
+    m.extend("0", 4)  # (full attention's blocks 0..2 whole, Mamba's states at 4, 8 and 12)
+    first, middle = (m._pool.blocks[i] for i in m.get_block_ids("0")[0][:2])
+    m.free("0")
+    assert m.lookup(prompt) == 12
+    m._index.drop_one(middle)  # (block 1 forgotten, blocks 0 and 2 still found)
+    m._pool.emptied([middle])
+    with pytest.raises(InvariantError, match="group 0: entry .* which it does not find"):
+        m.check_invariants()
+    assert m.lookup(prompt) == 4  # (block 0 whole and Mamba's state at 4: not block 2)
+    assert m.lookup_block_ids(prompt)[0] == (first.block_id,)

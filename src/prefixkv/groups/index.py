@@ -14,26 +14,26 @@ uncached, the first held twin made takes its place, so the prefix stays findable
 any block of the group holds it (vLLM keeps every copy under its hash and finds the one
 it cached first). A twin whose last reference goes returns empty, and the primary, if
 free, takes the twin's place in the LRU order (``release_spare``). Events announce a
-prefix once per group (its first block) and withdraw it once (its last).
+prefix once per group (its first block) and withdraw it once (its last). How content
+leaves a group (eviction, invalid KV, a spare's last reference) is unindex.py.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from operator import attrgetter
 
 from ..core.block import Block
-from ..core.keyless import Keyless
 from ..event_log import EventSink
 from ..events import Event
 from ..extra_keys import ExtraKeys
 from ..hashing import token_bytes
-from .events import GroupBlockRemoved, GroupBlockStored
+from . import unindex
+from .events import GroupBlockStored
 from .fine import FineEntries
 from .prefixes import Prefix, PrefixTable
-from .spec import GroupSpec
+from .spec import FULL, GroupSpec
 from .tails import PartialTails
 
 _PID = attrgetter("pid")
@@ -52,10 +52,13 @@ class GroupIndex:
     ``clear``, ``check``); the manager records and finds content through the rest."""
 
     def __init__(self, specs: Sequence[GroupSpec], num_blocks: int, table: PrefixTable,
-                 sink: EventSink, records: bool = True) -> None:
+                 sink: EventSink, records: bool = True, strides: Sequence[int] | None = None) -> None:
         self.specs = tuple(specs)
         self.records = records
         """False: the manager records no content here (caching off): nothing is found."""
+        self.strides = tuple(strides) if strides is not None else (1,) * len(self.specs)
+        """Per group, the hash blocks in one of its blocks (``BlockSizes.sizes`` over the
+        hash size): the nodes of a group's consecutive blocks are that many apart."""
         self.entries: list[dict[int, Block]] = [{} for _ in specs]
         self.twins: list[dict[int, list[Block]]] = [{} for _ in specs]  # pid -> held spares
         self.owner = [-1] * num_blocks
@@ -108,7 +111,7 @@ class GroupIndex:
             if held[b.block_id] is not None:  # recorded already, or (fine.py) promoted
                 if not self.fine or self.fine.get(b.block_id, (0, None))[1] is not held[b.block_id]:
                     continue
-                self._unindex(b)  # (its only content was its partial entry: vLLM's promotion)
+                unindex.unindex(self, b)  # (its only content was its partial entry: vLLM's promotion)
             held[b.block_id] = node
             b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
@@ -130,135 +133,13 @@ class GroupIndex:
                     group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
                 sink.append(ev)
 
-    def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
-             keyless: Keyless | None = None) -> None:
-        """The eviction step: each free cached block loses its content (no run is
-        pending here: ``skip`` is empty, ``keyless`` None)."""
-        assert not skip and keyless is None, "a group index records no pending run"
-        for b in blocks:
-            self._unindex(b)
-
-    def drop_one(self, block: Block) -> None:
-        """``drop((block,))``."""
-        self._unindex(block)
-
-    def uncache(self, blocks: Sequence[Block]) -> list[Block]:
-        """Held ``blocks`` whose KV is invalid (never computed, or a failed load) lose
-        their content. A block of a prefix its group holds in another block too (a spare,
-        or a primary with a spare) is unlisted (``_unindex``: the other keeps it found);
-        the other prefixes are forgotten (``PrefixTable.forget``) with every descendant,
-        and each block of any group holding one loses its content (withdrawn). Returns
-        the free blocks that lost it (the pool moves them to its empty tier:
-        ``BlockPool.emptied``)."""
-        held, owner = self.nodes, self.owner
-        roots: list[Prefix] = []
-        for b in blocks:
-            node = held[b.block_id]
-            if node is None:
-                continue
-            self.losses += 1
-            if b.twin or self.twins[owner[b.block_id]].get(node.pid) \
-                    or self.fine and len(self.fine.holders_of(node)) > 1:  # (others keep it found)
-                self._unindex(b)
-            else:
-                roots.append(node)
-        freed: list[Block] = []
-        for node in self.table.forget([n for n in roots if not n.lost]) if roots else ():
-            for x in self.fine.holders_of(node) if self.fine else ():  # (fine.py)
-                if held[x.block_id] is node:
-                    self._unindex(x)
-                    if not x.ref_cnt:
-                        freed.append(x)
-                else:
-                    self.fine.drop(x)
-            for g, entries in enumerate(self.entries):
-                for spare in self.twins[g].get(node.pid, ())[::-1]:
-                    self._unindex(spare)
-                primary = entries.get(node.pid)
-                if primary is not None:
-                    self._unindex(primary)
-                    if not primary.ref_cnt:
-                        freed.append(primary)
-        return freed
-
-    def cut_off(self, tables: Sequence[Sequence[Block | None]], j: int) -> bool:
-        """Whether a request's block ``j`` (``tables``: its block table per group) holds
-        no content in some group that keys every block it computes (cached, not sparse): its KV
-        was found invalid (``uncache``), so what the request computes after it is lost
-        (``PrefixTable.extend``'s ``cut``)."""
-        for spec, t in zip(self.specs, tables, strict=True):
-            if not spec.sparse and spec.cached and 0 <= j < len(t):
-                b = t[j]
-                if b is not None and b.key is None:
-                    return True
-        return False
-
-    def _unindex(self, b: Block) -> None:
-        """Take ``b``'s content out of its group: a spare is unlisted; a primary with a
-        held spare hands the prefix to it (still announced); else the prefix goes from
-        the group (withdrawn). ``b`` holds no content after."""
-        g = self.owner[b.block_id]
-        node = self.nodes[b.block_id]
-        assert node is not None, b
-        self.nodes[b.block_id] = None
-        b.key = None
-        twins = self.twins[g]
-        if b.twin:
-            b.twin = False
-            listed = twins[node.pid]
-            listed.remove(b)
-            if not listed:
-                del twins[node.pid]
-            if self.tails:
-                self.tails.drop(b)
-            if self.fine:
-                self.fine.drop(b)
-            self.table.unhold(node)
-            return
-        entries = self.entries[g]
-        if entries.get(node.pid) is not b:  # (its only content was a partial entry: fine.py)
-            entry = self.fine.drop(b)
-            assert entry is node, b
-            return
-        heirs = twins.get(node.pid)
-        if heirs:
-            heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
-            if not heirs:
-                del twins[node.pid]
-            heir.twin = False
-            entries[node.pid] = heir
-            # (the snapshot restates the announcement with the heir's id)
-            heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
-            self.table.unhold(node)
-            if self.tails:
-                self.tails.drop(b)
-            if self.fine:
-                self.fine.drop(b)
-            return
-        del entries[node.pid]
-        if self._sink.active:
-            assert node.hash is not None, f"{node!r} was announced without its chain hash"
-            self._withdraw((node.hash,), b, g)
-            if self.tails:
-                self.tails.drop(b)
-        if self.fine:  # (after the whole key: vLLM removes a block's primary hash first)
-            self.fine.drop(b)
-        self.table.unhold(node)
-
-    def _withdraw(self, hashes: Sequence[bytes], b: Block, g: int) -> None:
-        spec = self.specs[g]
-        self._sink.append(GroupBlockRemoved(hashes, (b.block_id,), group_idx=g,
-                                            spec_kind=spec.kind, spec_tokens=spec.tokens))
-
-    def release_spare(self, block: Block) -> Block | None:
-        """Forget a spare whose last reference went (it returns empty); the primary of
-        its prefix in its group when that sits free (the pool moves it to the spare's
-        place in the LRU order), else None."""
-        g, node = self.owner[block.block_id], self.nodes[block.block_id]
-        assert block.twin and node is not None, block
-        self._unindex(block)
-        primary = self.entries[g].get(node.pid)
-        return primary if primary is not None and not primary.ref_cnt else None
+    # ---- content leaving a group (eviction, invalid KV, a spare's last reference):
+    # groups/unindex.py
+    drop = unindex.drop
+    drop_one = unindex.drop_one
+    uncache = unindex.uncache
+    cut_off = unindex.cut_off
+    release_spare = unindex.release_spare
 
     def snapshot(self) -> list[Event]:
         """One GroupBlockStored per indexed block, group by group, parents first."""
@@ -296,7 +177,7 @@ class GroupIndex:
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
         tails = self.tails.mismatch(self.nodes, self.entries, self.twins) \
-            or self.fine.mismatch(self.nodes, self.owner)
+            or self.fine.mismatch(self.nodes, self.owner) or self._gap()
         if tails is not None:
             return tails
         for b in blocks:
@@ -308,6 +189,23 @@ class GroupIndex:
                 if g < 0 or (b not in self.twins[g].get(node.pid, ()) if b.twin
                              else self.entries[g].get(node.pid) is not b):
                     return f"block {b.block_id} has content but is not indexed in its group {g}"
+        return None
+
+    def _gap(self) -> str | None:
+        """The first entry of a full-attention group whose group's block before it (the
+        prefix ``strides[g]`` hash blocks shorter) the group does not find. A hit is the
+        run of whole blocks found from the first (``hits``, partial_full.py stop at the
+        first miss), so a found prefix past a gap could only be served wrongly; the
+        gaps that windows and Mamba leave are theirs by design."""
+        for g, entries in enumerate(self.entries):
+            if self.specs[g].kind != FULL:
+                continue
+            nodes, stride = self.nodes, self.strides[g]
+            for pid, b in entries.items():
+                node = nodes[b.block_id]
+                up = _up(node, stride) if node is not None else None
+                if up is not None and up.pid not in entries:
+                    return f"group {g}: entry {pid} -> {b!r} follows prefix {up.pid}, which it does not find"
         return None
 
     def _holds(self, b: Block, g: int, pid: int) -> str | None:

@@ -6,7 +6,7 @@ group, one more entry for that block: the hash block before the boundary
 (``BlockSizes.stored``; groups/sized.py finds it). Such an entry never serves a hit
 (hits look at whole blocks). vLLM caches it on every block that computed it, a spare
 (a twin) too, so several blocks may hold one entry: it is announced by the first and
-withdrawn when the last loses it (``GroupIndex._unindex``: evicted, or a spare emptied
+withdrawn when the last loses it (``unindex.unindex``: evicted, or a spare emptied
 when its request frees it, where vLLM keeps the copy cached until it evicts it).
 """
 
