@@ -65,7 +65,7 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     window past a block (it then only appends)."""
     n, bs = req.num_scheduled, self.block_size
     return n % bs != bs - 1 and n < req.next_release and (
-        n % bs != 0 or n < len(req.tables[0]) * bs) and (
+        n % bs != 0 or n < (len(req.tables[0]) - self._ahead0) * bs) and (
         not self._sparse or all(req.tables[g][n // bs] is not None for g in self._sparse))
 
 
@@ -95,7 +95,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     changed). ``prepared``: the full blocks' data when the caller computed it."""
     bs, start = self.block_size, req.num_scheduled
     going, freed = self._going(req, start)
-    per_group = blocks_for(total, bs) - len(req.tables[0])
+    per_group = blocks_for(total, bs) - len(req.tables[0]) + self._ahead0
     holes = self._holes(req, total) if per_group <= 0 else []
     if self._num_fresh(per_group) + len(holes) > self._pool.num_free + freed:
         return None

@@ -28,6 +28,7 @@ from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
 from .spec import MAMBA, GroupSpec, group_specs
+from .spec_blocks import aheads
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -83,6 +84,7 @@ def construct(
     self._kv_ops = []
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
+    self._ahead, self._ahead0 = aheads(specs), specs[0].ahead
     if sizes.partial:  # (groups/partial_full.py)
         self._fine = tuple(g for g, (s, b) in enumerate(zip(specs, sizes.sizes, strict=True))
                            if not s.sparse and b > sizes.hash_size)

@@ -129,7 +129,11 @@ def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
 
 
 def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[int]:
-    """Per group, the entries its table lacks to cover ``[0, covered)``."""
+    """Per group, the entries its table lacks to cover ``[0, covered)`` (and its blocks
+    ahead: spec_blocks.py)."""
+    if self._ahead is not None:
+        return [max(0, blocks_for(covered, b) + a - len(t))
+                for b, t, a in zip(self._group_sizes, req.tables, self._ahead, strict=True)]
     return [max(0, blocks_for(covered, b) - len(t))
             for b, t in zip(self._group_sizes, req.tables, strict=True)]
 
@@ -247,8 +251,10 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     n, h = req.num_scheduled, self._hash_size
     if self._owners and partial.pending(self, req):
         return False
-    return n % h != h - 1 and n < req.next_release and all(
-        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
+    ahead = self._ahead  # (blocks past the tables' ends: spec_blocks.py)
+    return n % h != h - 1 and n < req.next_release and (all(
+        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) if ahead is None else all(
+        n < (len(t) - a) * b for t, b, a in zip(req.tables, self._group_sizes, ahead, strict=True))) and (
         not self._sparse or all(req.tables[g][n // self._group_sizes[g]] is not None for g in self._sparse))
 
 

@@ -117,17 +117,16 @@ def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     cached, a request holds the block of its last computed token's state and those
     after it (vLLM's ``MambaManager`` there is its base manager, releasing the blocks
     below ``get_num_skipped_tokens(n) = n - 1``): a window of 2 tokens, the query's
-    own and the one before (``groups.spec``: the same ``first_needed``). Raises
+    own and the one before (``groups.spec``: the same ``first_needed``), holding its
+    ``num_speculative_blocks`` past the row's end (vLLM counts ``num_tokens +
+    num_speculative_blocks * block_size`` there: ``GroupSpec.ahead``). Raises
     ConfigError for ``none`` with caching on (vLLM asserts it), UnsupportedByPrefixKV
     for the rest, naming what is missing."""
     if spec.mamba_cache_mode == "none":
         if enable_caching:
             raise ConfigError("Mamba layers with mamba_cache_mode='none' run with prefix caching "
                               "off (enable_caching=False), as vLLM asserts; caching needs 'align'")
-        if spec.num_speculative_blocks:
-            raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
-                                        f"(got {spec.num_speculative_blocks}; 0 is offered)")
-        return sliding_window(2)
+        return sliding_window(2, ahead=spec.num_speculative_blocks)
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"or 'none' only, got {spec.mamba_cache_mode!r}")
