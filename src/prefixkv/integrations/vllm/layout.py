@@ -130,9 +130,10 @@ def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"or 'none' only, got {spec.mamba_cache_mode!r}")
-    if spec.num_speculative_blocks:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
-                                    f"(got {spec.num_speculative_blocks}; 0 is offered)")
+    if spec.num_speculative_blocks:  # (vLLM relocates them each step there: _relocate_speculative_block)
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks in "
+                                    f"mamba_cache_mode='align' (got {spec.num_speculative_blocks}; 0 is "
+                                    f"offered there, any in 'none')")
     return mamba()
 
 
@@ -141,7 +142,7 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
     attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
-    (Mamba with speculative blocks, or in none mode with caching on: ConfigError as
+    (align-mode Mamba with speculative blocks, none mode with caching on: ConfigError as
     vLLM's assert, prefill-checkpoint blocks where ``checkpoints.read_checkpoints``
     refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
