@@ -5,9 +5,10 @@ off) vLLM's ``MambaManager`` counts ``num_tokens + num_speculative_blocks * bloc
 in that group only; prefixkv serves it as a 2-token window holding that many blocks past
 its row's end (``GroupSpec.ahead``, groups/spec_blocks.py). The request stream of
 test_vllm_reference.py with the comparisons of test_vllm_hybrid_reference.py after every
-call (tables with null entries, free counts, blocks to zero, usage, estimates,
-``check_invariants``), scenarios with exact ids, and align mode's refusal by name (vLLM
-relocates its speculative blocks there each step: not offered). Needs vllm installed."""
+call runs on such layouts in test_vllm_mamba_none.py (``NONE_LAYOUTS``); here, scenarios
+with exact ids, a seeded stream beside full attention of another block size, and align
+mode's refusal by name (vLLM relocates its speculative blocks there each step: not
+offered). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -24,27 +25,9 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from .test_vllm_hybrid_reference import _step, _window  # noqa: E402
-from .test_vllm_mamba_none import _none, _run_steps  # noqa: E402
+from .test_vllm_mamba_none import _at_max_model_len, _none, _run_steps  # noqa: E402
 from .test_vllm_plugin import config, full  # noqa: E402
-from .test_vllm_reference import BS, MAX_LEN, OP, _managers, _request  # noqa: E402
-
-SPEC_LAYOUTS = {
-    "full+mamba3": lambda: (full(BS), _none(num_speculative_blocks=3)),
-    "mamba1": lambda: (_none(num_speculative_blocks=1),),
-    "mamba2+full+mamba": lambda: (_none(num_speculative_blocks=2), full(BS), _none()),
-    "window6+mamba2": lambda: (_window(6), _none(num_speculative_blocks=2)),
-}
-
-
-@pytest.mark.parametrize("groups", list(SPEC_LAYOUTS))
-@settings(max_examples=40, deadline=None)
-@given(extra_blocks=st.integers(1, 16), ops=st.lists(OP, min_size=8, max_size=40))
-def test_they_agree_on_the_speculative_blocks_of_mamba_in_none_mode(groups, extra_blocks, ops):
-    specs = SPEC_LAYOUTS[groups]()
-    sides = _managers(len(specs) * MAX_LEN // BS + extra_blocks, specs, enable_caching=False)
-    for serial, (op, slot, k, prompt, more) in enumerate(ops):
-        _step(sides, op, slot, k, prompt, more, serial)
+from .test_vllm_reference import BS, MAX_LEN, _managers, _request  # noqa: E402
 
 
 def test_a_request_holds_its_speculative_blocks_past_its_row_as_in_vllm():
@@ -64,23 +47,7 @@ def test_a_mamba_block_of_max_model_len_with_speculative_blocks_is_served_as_in_
     # full attention at 16 (scheduler and hash block 256, the lcm: nothing is hashed),
     # 3 speculative blocks: the Mamba row is 1 + 3 blocks throughout. 100 tokens in
     # steps of 30, 40 (lookahead 3), 30, then decode steps; then freed
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
-    from vllm.v1.core.kv_cache_utils import init_none_hash
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    from prefixkv.integrations.vllm import KVCacheManager
-
-    init_none_hash(sha256)
-    answers = []
-    for make in (KVCacheManager, Theirs):
-        mamba = MambaSpec(block_size=256, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none",
-                          num_speculative_blocks=3)
-        m = make(config(full(16), mamba, num_blocks=40), max_model_len=256, scheduler_block_size=256,
-                 hash_block_size=256, enable_caching=False)
-        seen = _run_steps(m, 100, ((30, 0), (40, 3), (30, 0), (1, 2), (1, 0)))
-        m.free(m.request)
-        answers.append((seen, m.block_pool.get_num_free_blocks()))
+    answers = _at_max_model_len(num_speculative_blocks=3)
     assert answers[0] == answers[1]
     fa, mamba_row = [1, 2, 7, 8, 9, 10, 11], [3, 4, 5, 6]
     assert answers[0] == ([([fa[:2], mamba_row], 33), ([fa[:5], mamba_row], 30), ([fa, mamba_row], 28),
