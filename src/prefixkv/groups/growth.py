@@ -65,7 +65,7 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     window past a block (it then only appends)."""
     n, bs = req.num_scheduled, self.block_size
     return n % bs != bs - 1 and n < req.next_release and (
-        n % bs != 0 or n < (len(req.tables[0]) - self._ahead0) * bs) and (
+        n % bs != 0 or n < len(req.tables[0]) * bs) and (
         not self._sparse or all(req.tables[g][n // bs] is not None for g in self._sparse))
 
 

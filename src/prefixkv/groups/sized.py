@@ -251,10 +251,8 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     n, h = req.num_scheduled, self._hash_size
     if self._owners and partial.pending(self, req):
         return False
-    ahead = self._ahead  # (blocks past the tables' ends: spec_blocks.py)
-    return n % h != h - 1 and n < req.next_release and (all(
-        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) if ahead is None else all(
-        n < (len(t) - a) * b for t, b, a in zip(req.tables, self._group_sizes, ahead, strict=True))) and (
+    return n % h != h - 1 and n < req.next_release and all(
+        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
         not self._sparse or all(req.tables[g][n // self._group_sizes[g]] is not None for g in self._sparse))
 
 

@@ -16,14 +16,22 @@ entries takes ``m`` blocks in every group, theirs included, so only the lengths
 No window release reaches them (they lie past every query), no step records them (they lie
 past every scheduled block); ``free`` returns them with the rest. A manager whose groups
 hold none ahead runs the code it ran without them: its ``_ahead0`` (group 0's, the group
-whose table length measures growth) is 0 and ``_ahead`` None.
+whose table length measures growth) is 0, ``_ahead`` None, and its one-token path
+(``_roomy``, which reads the tables' lengths) is its class's; with blocks ahead it is
+``roomy`` (``serve``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MethodType
+from typing import TYPE_CHECKING
 
+from .request import GroupRequest
 from .spec import GroupSpec
+
+if TYPE_CHECKING:
+    from .manager import HybridKVCacheManager
 
 
 def aheads(specs: Sequence[GroupSpec]) -> tuple[int, ...] | None:
@@ -37,3 +45,18 @@ def lengths(covered: Sequence[int], ahead: Sequence[int] | None) -> list[int]:
     if ahead is None:
         return list(covered)
     return [c + a for c, a in zip(covered, ahead, strict=True)]
+
+
+def serve(self: HybridKVCacheManager) -> None:
+    """Give the manager ``self`` (built, with blocks ahead) the one-token check
+    ``roomy`` in place of its class's."""
+    self.__dict__["_roomy"] = MethodType(roomy, self)
+
+
+def roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
+    """The class's ``_roomy`` (whose length test the blocks ahead pass), and one more
+    token at ``num_scheduled`` lands in a block before every group's blocks ahead."""
+    n, ahead = req.num_scheduled, self._ahead
+    assert ahead is not None
+    return type(self)._roomy(self, req) and all(
+        n < (len(t) - a) * b for t, a, b in zip(req.tables, ahead, self._group_sizes, strict=True))
