@@ -150,3 +150,23 @@ def test_they_agree_on_speculative_blocks_beside_full_attention_of_another_size(
         shape = [[[[b == 0 for b in g] for g in t] for t in tables] for tables in rows]
         assert shape[0] == shape[1]
         assert sides[0].block_pool.get_num_free_blocks() == sides[1].block_pool.get_num_free_blocks()
+
+
+def test_a_retention_interval_keeps_the_speculative_blocks_as_in_vllm():
+    # vLLM's prefix_cache_retention_interval rebuilt the windows' specs and dropped their
+    # blocks ahead (caching off: nothing is retained, but the rows must stay vLLM's)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    init_none_hash(sha256)
+    answers = []
+    for make in (KVCacheManager, Theirs):
+        kv = config(full(BS), _none(num_speculative_blocks=2), num_blocks=30,
+                    prefix_cache_retention_interval=8)
+        m = make(kv, max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, enable_caching=False)
+        answers.append(_run_steps(m, 11, ((5, 0), (3, 2), (3, 0), (1, 0))))
+    assert answers[0] == answers[1]
+    assert [len(t[0][1]) for t in answers[0]] == [2 + 2, 3 + 2, 3 + 2, 3 + 2]
