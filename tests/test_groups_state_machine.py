@@ -555,7 +555,7 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
     def no_group_reads_kv_it_does_not_hold(self):
         for rid in self.tokens:
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
-                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
+                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS) + spec.ahead
                 reach = spec.first_needed(self.start[rid])
                 # a window keeps its retained tokens' blocks: it released none past them at
                 # its furthest step, and holds all its admission's hit reads
@@ -681,9 +681,20 @@ class UncachedWindowMachine(HybridMachine):
     num_blocks = 20
 
 
+class AheadMachine(HybridMachine):
+    """Windows holding blocks past their tables' ends (``GroupSpec.ahead``: vLLM's
+    speculative blocks of Mamba in none mode, a 2-token window), the first group's
+    included (its table's length measures growth): every step keeps them that many
+    ahead; the store checks the positions below them."""
+
+    groups = (sliding_window(2, ahead=2), full_attention(), sliding_window(5, ahead=1))
+    num_blocks = 24
+
+
 TestHybridMachine = case(HybridMachine, max_examples=60, stateful_step_count=40)
 TestSlidingOnlyMachine = case(SlidingOnlyMachine, max_examples=60, stateful_step_count=40)
 TestTwoWindowsMachine = case(TwoWindowsMachine, max_examples=60, stateful_step_count=40)
 TestTwinWindowsMachine = case(TwinWindowsMachine, max_examples=60, stateful_step_count=40)
 TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)
 TestUncachedWindowMachine = case(UncachedWindowMachine, max_examples=60, stateful_step_count=40)
+TestAheadMachine = case(AheadMachine, max_examples=50, stateful_step_count=40)

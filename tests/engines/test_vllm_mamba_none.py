@@ -62,6 +62,11 @@ NONE_LAYOUTS = {
     "mamba+full+mamba": lambda: (_none(), full(BS), _none()),
     "window6+mamba": lambda: (_window(6), _none()),
     "full+window6": lambda: (full(BS), _window(6)),  # (no Mamba: the hybrid manager, caching off)
+    # with speculative blocks (test_vllm_mamba_spec_blocks.py)
+    "full+mamba-spec3": lambda: (full(BS), _none(num_speculative_blocks=3)),
+    "mamba-spec1": lambda: (_none(num_speculative_blocks=1),),
+    "mamba-spec2+full+mamba": lambda: (_none(num_speculative_blocks=2), full(BS), _none()),
+    "window6+mamba-spec2": lambda: (_window(6), _none(num_speculative_blocks=2)),
 }
 
 
@@ -103,12 +108,11 @@ def test_none_mode_with_caching_on_is_a_config_error_as_vllms_assert():
     assert not isinstance(info.value, UnsupportedByPrefixKV)
 
 
-def test_a_mamba_block_of_max_model_len_beside_full_attention_is_served_as_in_vllm():
-    # vLLM's usual none-mode layout: Mamba's block is max_model_len (256: one per request)
-    # beside full attention at 16; with caching off vLLM passes the lcm, 256, as the hash
-    # block too (nothing is hashed), which prefixkv refused (not a divisor of 16). 100
-    # tokens in steps of 30, 40 (lookahead 3), 30, then decode steps: the same tables and
-    # free counts, the Mamba row one block throughout
+def _at_max_model_len(**mamba: Any) -> list[Any]:
+    """Full attention at 16 beside a none-mode Mamba group (``mamba``: MambaSpec's
+    keywords) of block 256 = max_model_len, scheduler and hash block 256, on prefixkv's
+    manager and on vLLM's: 100 tokens in steps of 30, 40 (lookahead 3), 30, then decode
+    steps, then freed; the tables and free counts after each, then the free count."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -119,12 +123,23 @@ def test_a_mamba_block_of_max_model_len_beside_full_attention_is_served_as_in_vl
     init_none_hash(sha256)
     answers = []
     for make in (KVCacheManager, Theirs):
-        mamba = MambaSpec(block_size=256, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none")
-        m = make(config(full(16), mamba, num_blocks=40), max_model_len=256, scheduler_block_size=256,
+        spec = MambaSpec(block_size=256, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none",
+                         **mamba)
+        m = make(config(full(16), spec, num_blocks=40), max_model_len=256, scheduler_block_size=256,
                  hash_block_size=256, enable_caching=False)
         seen = _run_steps(m, 100, ((30, 0), (40, 3), (30, 0), (1, 2), (1, 0)))
         m.free(m.request)
         answers.append((seen, m.block_pool.get_num_free_blocks()))
+    return answers
+
+
+def test_a_mamba_block_of_max_model_len_beside_full_attention_is_served_as_in_vllm():
+    # vLLM's usual none-mode layout: Mamba's block is max_model_len (256: one per request)
+    # beside full attention at 16; with caching off vLLM passes the lcm, 256, as the hash
+    # block too (nothing is hashed), which prefixkv refused (not a divisor of 16). 100
+    # tokens in steps of 30, 40 (lookahead 3), 30, then decode steps: the same tables and
+    # free counts, the Mamba row one block throughout
+    answers = _at_max_model_len()
     assert answers[0] == answers[1]
     fa = [1, 2, 4, 5, 6, 7, 8]
     assert answers[0] == ([([fa[:2], [3]], 36), ([fa[:5], [3]], 33), ([fa, [3]], 31), ([fa, [3]], 31),

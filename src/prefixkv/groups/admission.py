@@ -25,6 +25,7 @@ from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
+from .spec_blocks import lengths
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -118,7 +119,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     """``add_request`` once its arguments are checked and its hit found (``nodes``)."""
     n, bs, k = len(req.tokens), self.block_size, len(nodes)
     usable = self.num_blocks - (self._null is not None)
-    if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
+    ahead = self._ahead
+    if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) + sum(ahead or ()) > usable:  # else fits
         need = least_blocks(self.groups, bs, n, num_new_tokens, num_lookahead_tokens,
                             require_full_fit, usable)
         if need > usable:
@@ -137,6 +139,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._uncached:  # (an uncached window's: fresh from its cut, the hit's part included)
         per_group = [max(0, covered - (max(k, c) if s.cached else c))
                      for c, s in zip(cuts, self.groups, strict=True)]
+    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        per_group = lengths(per_group, ahead)
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
@@ -145,7 +149,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     fit = 0
     if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
         fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
-            max(0, k - c) for c, s in zip(cuts, self.groups, strict=True) if not s.cached)
+            max(0, k - c) for c, s in zip(cuts, self.groups, strict=True) if not s.cached) + sum(ahead or ())
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     last = total // bs

@@ -125,7 +125,7 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
-    per_group = blocks_for(covered, self.block_size) - len(req.tables[0])
+    per_group = blocks_for(covered, self.block_size) - len(req.tables[0]) + self._ahead0
     if self._num_fresh(per_group) > self._pool.num_free:
         return None
     added = self._take(req, per_group) if per_group > 0 else self._nothing
@@ -141,7 +141,7 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     ``num_slots`` < 0)."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
+    per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0]) + self._ahead0
     return max(0, self._num_fresh(per_group) - self._going(req, req.num_scheduled)[1])
 
 

@@ -8,7 +8,8 @@ An admission of ``n`` tokens that finds ``k`` cached blocks holds, in group ``g`
 hits its window still reads (``k - num_unread_g(k*bs)``) and fresh blocks up to the
 scheduled tokens and the lookahead (``blocks_for(total + lookahead) - k``), the same
 count in every group (``require_full_fit``: for the whole prompt), but one in a sparse
-(Mamba) group, which takes a block for the last position only. Once the prompt's last
+(Mamba) group, which takes a block for the last position only, and a group's blocks ahead
+(``GroupSpec.ahead``) on top. Once the prompt's last
 step starts at ``s <= n - 1``, group ``g`` holds at least ``blocks_for(n) -
 num_released_g(n - 1)`` (a sparse group: 1; ``num_released``: the window's retained
 tokens' blocks kept).
@@ -30,14 +31,14 @@ def least_blocks(groups: Sequence[GroupSpec], block_size: int, n: int, num_new: 
     only when it exceeds ``capacity`` (the two extremes are tried first, and when one of
     them fits, that is enough to know). Pure."""
     bs = block_size
-    done = sum(1 if s.sparse else blocks_for(n, bs) - s.num_released(n - 1, bs) for s in groups)
+    done = sum(1 if s.sparse else blocks_for(n, bs) - s.num_released(n - 1, bs) + s.ahead for s in groups)
 
     def call(k: int) -> int:  # blocks held right after an admission that hit k blocks
         cached = k * bs
         total = n if num_new is None else min(n, cached + num_new)
         per_group = blocks_for(total + lookahead, bs) - k
         fresh = max(per_group, blocks_for(n, bs) - k) if full_fit else per_group
-        return sum(min(fresh, 1) if s.sparse else fresh for s in groups) + sum(
+        return sum(min(fresh, 1) if s.sparse else fresh + s.ahead for s in groups) + sum(
             k - s.num_unread(cached, bs) for s in groups)
 
     most = (n - 1) // bs  # hit blocks at most: the last token is always computed

@@ -95,7 +95,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     changed). ``prepared``: the full blocks' data when the caller computed it."""
     bs, start = self.block_size, req.num_scheduled
     going, freed = self._going(req, start)
-    per_group = blocks_for(total, bs) - len(req.tables[0])
+    per_group = blocks_for(total, bs) - len(req.tables[0]) + self._ahead0
     holes = self._holes(req, total) if per_group <= 0 else []
     if self._num_fresh(per_group) + len(holes) > self._pool.num_free + freed:
         return None

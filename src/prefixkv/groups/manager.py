@@ -103,6 +103,8 @@ class HybridKVCacheManager:
     _checkpoints: checkpoints.Steps | None = None  # (request id -> its last step's checkpoints)
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
+    _ahead: tuple[int, ...] | None  # blocks each group holds ahead (spec_blocks.py), None if none
+    _ahead0: int  # group 0's (its table length measures growth)
     _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
     _retains: bool  # requests keep GroupRequest.marks: a group's retention, or checkpoints' junction
     _least_new: int  # the fewest tokens an admission schedules (0 beside an uncached window)

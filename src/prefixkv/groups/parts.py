@@ -23,11 +23,13 @@ from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
 from ..index.announce import Prepared
 from ..stats import StatsCounter
+from . import spec_blocks
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
 from .spec import MAMBA, GroupSpec, group_specs
+from .spec_blocks import aheads
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -84,6 +86,9 @@ def construct(
     self._kv_ops = []
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
+    self._ahead, self._ahead0 = aheads(specs), specs[0].ahead
+    if self._ahead is not None:  # (the one-token path checks them: the common case runs as before)
+        spec_blocks.serve(self)
     if sizes.partial:  # (groups/partial_full.py)
         self._fine = tuple(g for g, (s, b) in enumerate(zip(specs, sizes.sizes, strict=True))
                            if not s.sparse and b > sizes.hash_size)

@@ -113,7 +113,7 @@ class GroupRequest:
                 return f"request {rid!r}: prefix id of block {j} does not hold its content"
             parent = node.pid
         for g, (spec, table, bs) in enumerate(zip(specs, self.tables, sizes.sizes, strict=True)):
-            want, cut = blocks_for(max(self.num_scheduled, self.num_reserved), bs), self.cut[g]
+            want, cut = blocks_for(max(self.num_scheduled, self.num_reserved), bs) + spec.ahead, self.cut[g]
             if len(table) != want or (not spec.sparse and any(b is None for b in table[cut:])) or \
                     any(b is not None for b in table[:cut]):
                 return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"

@@ -129,7 +129,11 @@ def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
 
 
 def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[int]:
-    """Per group, the entries its table lacks to cover ``[0, covered)``."""
+    """Per group, the entries its table lacks to cover ``[0, covered)`` (and its blocks
+    ahead: spec_blocks.py)."""
+    if self._ahead is not None:
+        return [max(0, blocks_for(covered, b) + a - len(t))
+                for b, t, a in zip(self._group_sizes, req.tables, self._ahead, strict=True)]
     return [max(0, blocks_for(covered, b) - len(t))
             for b, t in zip(self._group_sizes, req.tables, strict=True)]
 

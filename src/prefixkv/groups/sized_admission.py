@@ -24,6 +24,7 @@ from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
 from .spec import FULL, SLIDING, GroupSpec
+from .spec_blocks import lengths
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -114,7 +115,7 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
     hit it could find (``groups.fit.least_blocks`` at per-group sizes; a sparse group
     holds one block once the prefill is done, and takes one at most)."""
     pairs = list(zip(self.groups, self._group_sizes, strict=True))
-    done = sum(1 if s.sparse else blocks_for(n, b) - s.num_released(n - 1, b) for s, b in pairs)
+    done = sum(1 if s.sparse else blocks_for(n, b) - s.num_released(n - 1, b) + s.ahead for s, b in pairs)
 
     def after(hit: int) -> int:  # blocks held right after an admission that hit ``hit`` tokens
         total = n if num_new is None else min(n, hit + num_new)
@@ -123,7 +124,8 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
             fresh = blocks_for(total + lookahead, b) - hit // b
             if full_fit:
                 fresh = max(fresh, blocks_for(n, b) - hit // b)
-            out += (min(fresh, 1) if s.sparse else fresh) + (hit % b > 0) + hit // b - s.num_unread(hit, b)
+            out += (min(fresh, 1) if s.sparse else fresh + s.ahead) + (hit % b > 0) + hit // b - s.num_unread(
+                hit, b)
         return out
     return max(done, min(after(hit) for hit in range(0, n, self.sizes.unit)))
 
@@ -148,7 +150,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     sizes, h = self._group_sizes, self._hash_size
     n, k = len(req.tokens), len(nodes)
     num_cached, usable = k * h, self.num_blocks - (self._null is not None)
-    if sum(blocks_for(n + num_lookahead_tokens, b) for b in sizes) > usable:  # else it fits
+    ahead = self._ahead
+    if sum(blocks_for(n + num_lookahead_tokens, b) for b in sizes) + sum(ahead or ()) > usable:  # else fits
         need = least_blocks(self, n, num_new_tokens, num_lookahead_tokens, require_full_fit)
         if need > usable:
             raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
@@ -158,6 +161,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     covered = [blocks_for(total + num_lookahead_tokens, b) for b in sizes]
     cuts = [min(c, v) for c, v in zip(cuts, covered, strict=True)]  # (a window's: none below its cut)
     more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
+    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        more = lengths(more, ahead)
     # a sparse group takes the block where this step ends only, if a new entry (its
     # lookahead slots get theirs when a step ends there)
     ends = [blocks_for(total, b) - 1 for b in sizes]
@@ -177,8 +182,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     fit = 0
     if require_full_fit:  # (a Mamba group: its block, and a checkpoint where the prompt's would take one)
         whole = checkpoints.count(self, rows, num_cached, n, last) if self.sizes.checkpoints else []
-        fit = len(cows) + sum(min(x, 1 + (g in whole)) if s.sparse else x for g, (s, x) in enumerate(zip(
-            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True)))
+        fit = len(cows) + sum(ahead or ()) + sum(min(x, 1 + (g in whole)) if s.sparse else x for g, (s, x) in
+            enumerate(zip(self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True)))
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     prepared = None  # (the new full hash blocks' data: computed before any change)

@@ -70,17 +70,23 @@ class GroupSpec:
     hit reads at each multiple of ``retention`` tokens (none for 0) and at a request's
     marks (``BlockSizes.caches``; served with groups of different block sizes); a Mamba
     group's: the states at each multiple of ``retention`` tokens (none for 0) and at a
-    request's marks (vLLM's ``MambaManager.reachable_block_mask``).
+    request's marks (vLLM's ``MambaManager.reachable_block_mask``). ``ahead``: blocks
+    a request of a sliding window holds past the end of the positions its table
+    covers, taken at admission and kept that many ahead as the table grows (vLLM's
+    ``num_speculative_blocks`` of a Mamba group in ``mamba_cache_mode="none"``, served
+    as a 2-token window: the scratch states a speculative step writes; groups/spec_blocks.py).
     Raises ConfigError for an unknown kind, a size that does not fit the kind, a
     ``retained`` that is not an int >= 0 (0 unless sliding), a ``cached`` that is not
     a bool (True unless sliding), or a ``retention`` that is not None nor an int >= 0
-    (None unless a cached sliding window or Mamba)."""
+    (None unless a cached sliding window or Mamba), or an ``ahead`` that is not an
+    int >= 0 (0 unless sliding)."""
 
     kind: str
     tokens: int = 0
     retained: int = 0
     cached: bool = True
     retention: int | None = None
+    ahead: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -102,6 +108,9 @@ class GroupSpec:
             want = "None or an int >= 0" if keeps else "None"
             raise ConfigError(f"a {'cached ' * self.cached}{self.kind} group takes retention={want}, "
                               f"got {r!r}"[:200])
+        if type(self.ahead) is not int or self.ahead < 0 or (self.ahead and self.kind != SLIDING):
+            want = "an int >= 0" if self.kind == SLIDING else "0 (sliding windows only hold blocks ahead)"
+            raise ConfigError(f"a {self.kind} group takes ahead={want}, got {self.ahead!r}"[:200])
 
     @property
     def releases(self) -> bool:
@@ -180,15 +189,16 @@ def full_attention() -> GroupSpec:
 
 
 def sliding_window(window: int, retained: int = 0, *, cached: bool = True,
-                   retention: int | None = None) -> GroupSpec:
+                   retention: int | None = None, ahead: int = 0) -> GroupSpec:
     """A group of sliding-window layers: a query sees ``window`` keys, itself included
     (Mistral's and vLLM's ``sliding_window``); a request keeps the blocks of
     ``retained`` more tokens below them (vLLM's ``extra_retained_tokens``: module
     docstring); ``cached=False``: its blocks are never cached nor looked up
-    (``GroupSpec.cached``); ``retention``: its sparse caching (``GroupSpec``). Raises
-    ConfigError unless window > 0, retained >= 0, cached a bool and retention None or
-    an int >= 0 (None when not cached)."""
-    return GroupSpec(SLIDING, window, retained, cached, retention)
+    (``GroupSpec.cached``); ``retention``: its sparse caching; ``ahead``: blocks held
+    past the table's end (``GroupSpec``). Raises ConfigError unless window > 0,
+    retained >= 0, cached a bool, retention None or an int >= 0 (None when not cached)
+    and ahead an int >= 0."""
+    return GroupSpec(SLIDING, window, retained, cached, retention, ahead)
 
 
 def chunked_local(chunk: int) -> GroupSpec:

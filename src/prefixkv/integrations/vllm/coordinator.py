@@ -105,6 +105,7 @@ class CoordinatorView:
         self._sparse = tuple(g.sparse for g in layout.groups)  # (Mamba: one block per step)
         self._num_sparse = sum(self._sparse)
         self._num_dense = len(self._sparse) - self._num_sparse
+        self._ahead = tuple(g.ahead for g in layout.groups)  # (speculative blocks past a row's end)
         self.block_size = self.scheduler_block_size = layout.block_size
         self.retention_interval: int | None = manager.retention_interval
         self.enable_partial_hash_hits = layout.sizes.partial
@@ -136,13 +137,15 @@ class CoordinatorView:
         covered = max(num_tokens, core.num_scheduled_tokens(key))
         if self._one_size:
             # (blocks held: counted, not listed, with one group; a decode step's check is O(1))
-            held = len(core.get_block_ids(key)[0]) if self._manager._hybrid else core.num_blocks_held(key)
+            held = len(core.get_block_ids(key)[0]) - self._ahead[0] if self._manager._hybrid \
+                else core.num_blocks_held(key)
             per_group = max(0, blocks_for(covered, bs) - held)
             need = per_group * self._num_dense + min(per_group, 1) * self._num_sparse
         else:  # (each group at its own size; a Mamba group takes one block at most)
             need = 0
-            for sparse, b, ids in zip(self._sparse, self._sizes, core.get_block_ids(key), strict=True):
-                more = max(0, blocks_for(covered, b) - len(ids))
+            for sparse, b, ids, a in zip(self._sparse, self._sizes, core.get_block_ids(key), self._ahead,
+                                         strict=True):
+                more = max(0, blocks_for(covered, b) + a - len(ids))
                 need += min(1, more) if sparse else more
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
@@ -160,13 +163,15 @@ class CoordinatorView:
                                    prefill_end: int = 0) -> int:
         """Blocks the request needs from the pool to cover ``num_tokens`` positions: for a
         live request, beyond those it holds; for a new one, every group's blocks less
-        the hit's (``new_computed_blocks``); a Mamba group takes one block at most, and
-        one more where the step checkpoints (checkpoints.py)."""
+        the hit's (``new_computed_blocks``) and with a group's speculative blocks
+        (``GroupSpec.ahead``); a Mamba group takes one block at most, and one more where
+        the step checkpoints (checkpoints.py)."""
         key = self._manager.key_of(request_id)
         if key is not None:
             return self.blocks_to_grow(key, num_tokens)
         hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
-        fresh = [max(0, blocks_for(num_tokens, b) - h) for h, b in zip(hits, self._sizes, strict=False)]
+        fresh = [max(0, blocks_for(num_tokens, b) + a - h) for h, b, a in zip(hits, self._sizes, self._ahead,
+                                                                               strict=False)]
         marks = step_blocks(self._checkpoints, self._sparse, ((),) * len(self._sparse), total_computed_tokens,
                             num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0) \
             if self._checkpoints.checkpoints else 0

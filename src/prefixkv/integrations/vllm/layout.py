@@ -117,23 +117,23 @@ def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     cached, a request holds the block of its last computed token's state and those
     after it (vLLM's ``MambaManager`` there is its base manager, releasing the blocks
     below ``get_num_skipped_tokens(n) = n - 1``): a window of 2 tokens, the query's
-    own and the one before (``groups.spec``: the same ``first_needed``). Raises
+    own and the one before (``groups.spec``: the same ``first_needed``), holding its
+    ``num_speculative_blocks`` past the row's end (vLLM counts ``num_tokens +
+    num_speculative_blocks * block_size`` there: ``GroupSpec.ahead``). Raises
     ConfigError for ``none`` with caching on (vLLM asserts it), UnsupportedByPrefixKV
     for the rest, naming what is missing."""
     if spec.mamba_cache_mode == "none":
         if enable_caching:
             raise ConfigError("Mamba layers with mamba_cache_mode='none' run with prefix caching "
                               "off (enable_caching=False), as vLLM asserts; caching needs 'align'")
-        if spec.num_speculative_blocks:
-            raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
-                                        f"(got {spec.num_speculative_blocks}; 0 is offered)")
-        return sliding_window(2)
+        return sliding_window(2, ahead=spec.num_speculative_blocks)
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"or 'none' only, got {spec.mamba_cache_mode!r}")
-    if spec.num_speculative_blocks:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks "
-                                    f"(got {spec.num_speculative_blocks}; 0 is offered)")
+    if spec.num_speculative_blocks:  # (vLLM relocates them each step there: _relocate_speculative_block)
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks in "
+                                    f"mamba_cache_mode='align' (got {spec.num_speculative_blocks}; 0 is "
+                                    f"offered there, any in 'none')")
     return mamba()
 
 
@@ -142,7 +142,7 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
     attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
-    (Mamba with speculative blocks, or in none mode with caching on: ConfigError as
+    (align-mode Mamba with speculative blocks, none mode with caching on: ConfigError as
     vLLM's assert, prefill-checkpoint blocks where ``checkpoints.read_checkpoints``
     refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
