@@ -48,7 +48,8 @@ class UncachedHybridManager(HybridKVCacheManager):
                     require_full_fit: bool = False, keep_free: int = 0,
                     num_external_tokens: int = 0, max_hit_tokens: int | None = None,
                     peek: bool | Sequence[bool] = False,
-                    num_prompt_tokens: int | None = None, junction: int = 0) -> GroupAdmission | None:
+                    num_prompt_tokens: int | None = None, junction: int = 0,
+                    hold_tail: bool = True) -> GroupAdmission | None:
         """As ``HybridKVCacheManager.add_request`` with ``read_cache=False``."""
         return super().add_request(request_id, prompt_token_ids, extra=extra,
                                    num_new_tokens=num_new_tokens, resumed=resumed,
@@ -56,7 +57,8 @@ class UncachedHybridManager(HybridKVCacheManager):
                                    require_full_fit=require_full_fit, keep_free=keep_free,
                                    num_external_tokens=num_external_tokens,
                                    max_hit_tokens=max_hit_tokens, peek=peek,
-                                   num_prompt_tokens=num_prompt_tokens, junction=junction)
+                                   num_prompt_tokens=num_prompt_tokens, junction=junction,
+                                   hold_tail=hold_tail)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
                extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.block import blocks_for
 from .checkpoints import prefill_end, step_blocks
 from .layout import Layout
+from .retention_setter import set_retention_interval
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -106,7 +107,6 @@ class CoordinatorView:
         self._num_sparse = sum(self._sparse)
         self._num_dense = len(self._sparse) - self._num_sparse
         self.block_size = self.scheduler_block_size = layout.block_size
-        self.retention_interval: int | None = manager.retention_interval
         self.enable_partial_hash_hits = layout.sizes.partial
         self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)
@@ -116,6 +116,17 @@ class CoordinatorView:
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
+
+    @property
+    def retention_interval(self) -> int | None:
+        """vLLM's ``prefix_cache_retention_interval``, the manager's (retention.py). Set:
+        the manager is built again with it while it holds nothing, else refused
+        (retention_setter.py)."""
+        return self._manager.retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        set_retention_interval(self._manager, interval)
 
     def blocks_to_grow(self, key: int, num_tokens: int) -> int:
         """Blocks from the pool that covering ``num_tokens`` positions of the live request
