@@ -111,7 +111,7 @@ class CoordinatorView:
         self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)
         self._checkpoints = layout.sizes  # (Mamba's checkpoint blocks, when ``checkpoints``)
-        self._one_size = layout.sizes.one_size
+        self._one_size = layout.sizes.one_size and not layout.sizes.checkpoints  # (short_of_blocks' count)
         self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()
@@ -157,10 +157,10 @@ class CoordinatorView:
                 need += min(1, more) if sparse else more
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
-                if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                    need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                        core.num_scheduled_tokens(key), covered, core.null_block_id,
-                                        prefill_end(self.retention_interval, request))
+            if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
+                need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
+                                    core.num_scheduled_tokens(key), covered, core.null_block_id,
+                                    prefill_end(self.retention_interval, request))
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 

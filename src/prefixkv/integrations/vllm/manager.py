@@ -129,7 +129,8 @@ class KVCacheManager(StepCalls):
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
-                                None if layout.sizes.one_size else layout.sizes, layout.groups)
+                                None if layout.sizes.one_size and not layout.sizes.checkpoints
+                                else layout.sizes, layout.groups)
         events = enable_kv_cache_events or metrics_collector is not None
         lookahead = index(num_hash_lookahead_tokens) if enable_caching else 0  # (a bool: vLLM's tests')
         if lookahead and not self._serves_lookahead:  # (lookahead.py's class does)
