@@ -92,10 +92,15 @@ def test_the_plugin_checkpoints_at_one_size_as_vllms_manager(layout, small, rete
 def test_a_prompts_chunks_checkpoint_and_cache_as_vllms(retention, tables, states, hits):
     sides = OneSizeSides(ONE_SIZE["full8+mamba8"], 40, 8, retention=retention)
     a = list(range(60))
-    sides.do("add", a, 40)
-    sides.compare(a)
-    sides.do("extend", 0, 20)
-    sides.compare(a)
+    offers = []
+    for op, n in [("add", a), ("extend", 0)]:
+        sides.do(op, n, 40 if op == "add" else 20)
+        sides.compare(a)
+        got = [{r: sorted(pos for _, _, pos in x) for r, x in m.take_boundary_state_offloads().items()}
+               for m in sides.ms]
+        assert got[0] == got[1]  # (the states offered to a connector, as vLLM's)
+        offers.append(got[0].get("r1", []))
+    assert offers[1] == [56]
     for m in sides.ms:
         assert tuple(list(g) for g in m.get_block_ids("r1")) == tables
     assert {(b.block_id, b.block_hash_num_tokens) for b in sides.ms[0].block_pool.blocks
