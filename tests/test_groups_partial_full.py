@@ -149,3 +149,33 @@ def test_a_hit_stops_at_a_gap_in_full_attention_and_the_check_names_the_gap():
         m.check_invariants()
     assert m.lookup(prompt) == 4  # (block 0 whole and Mamba's state at 4: not block 2)
     assert m.lookup_block_ids(prompt)[0] == (first.block_id,)
+
+def test_an_admission_that_does_not_hold_its_tail_leaves_the_copy_without_the_entry():
+    # (vLLM's delay_cache_blocks: its cache_blocks, which gives the copy the entry, runs later)
+    m = _manager(events=True)
+    m.add_request("0", PROMPT, num_new_tokens=6)
+    full = m.get_block_ids("0")[0][1]
+    m.free("0")
+    m.take_events()
+    m.add_request("1", PROMPT, num_new_tokens=1, hold_tail=False)  # (hit 6: the prompt's last boundary)
+    copy = m.get_block_ids("1")[0][1]
+    assert m.prefix_probe(PROMPT).copies(6, 0) == (full,)  # (held: (full, copy), as the test above)
+    assert not [e for e in m.take_events() if e.group_idx == 0]  # (nothing announced)
+    m.release_copies(m.take_kv_ops())
+    assert m.append_tokens("1", [3]) is not None  # (a growth past the hit: the copy, whole, gets it)
+    assert m.cached_block_ids([*PROMPT, 3], 8)[0] == copy
+    assert m.prefix_probe(PROMPT).copies(6, 0) == (full, copy)
+    m.check_invariants()
+
+
+def test_hold_tail_must_be_a_bool():
+    import pytest
+
+    from prefixkv.errors import RequestError
+
+    m = _manager()
+    free = m.num_free_blocks
+    with pytest.raises(RequestError, match="hold_tail"):
+        m.add_request("0", PROMPT, num_new_tokens=6, hold_tail=0)
+    assert m.num_free_blocks == free  # (nothing changed)
+    m.check_invariants()

@@ -115,27 +115,41 @@ def test_the_plugins_blocks_read_vllms_hashes_beside_mamba_with_partial_hits(lay
     _run(PARTIAL[layout], small, None, ops, probe)
 
 
-def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_block_is_refused():
+def test_delay_cache_blocks_on_a_hit_at_the_prompts_last_boundary_inside_a_full_block():
     # full4+mamba4, hash 2 (vLLM's test_hybrid_partial_hit_cow_target_starts_uncached):
-    # r0 caches the partial entries at 6; r1's hit of 6 is its prompt's last hash
-    # boundary, whose entry prefixkv's admission puts on the full block's copy at once,
-    # vLLM's only at the later cache_blocks: refused by name, nothing changed
-    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+    # r0 caches the partial entries at 6; r9's hit of 6 is its prompt's last hash
+    # boundary inside full attention's block 1, copied on write. Admitted with
+    # delay_cache_blocks (vLLM's cache_blocks does not run), the copy holds no entry on
+    # either side: once a filler evicts r0's source, no hit of 6 is left. The same
+    # tables, hits and copies after each step (session 28 refused the delay; holding
+    # the entry at admission hit 6 after the eviction where vLLM's hits 0)
+    from vllm.v1.request import RequestStatus
 
     groups, h = PARTIAL_FULL["full4+mamba4, hash 2"]
-    sides = Sides(groups, 40, partial=True, hash_size=h)
+    sides = Sides(groups, 16, partial=True, hash_size=h)
     sides.do("add", [0, 0, 1, 1, 2, 2, 3], 6)
     sides.do("free", 0, 0)
-    m = sides.ms[1]
-    m.new_step_starts()
-    r = _request("r9", [0, 0, 1, 1, 2, 2, 3, 3], h)
-    blocks, hit, _ = m.get_computed_blocks(r)
-    free = m.block_pool.get_num_free_blocks()
-    assert hit == 6
-    with pytest.raises(UnsupportedByPrefixKV, match="delay_cache_blocks"):
-        m.allocate_slots(r, 2, hit, blocks, delay_cache_blocks=True)
-    assert m.block_pool.get_num_free_blocks() == free and not m.live_request_ids()
-    assert m.allocate_slots(r, 2, hit, blocks) is not None  # (not delayed: served)
+    tokens = [0, 0, 1, 1, 2, 2, 3, 3]
+    got = []
+    for m, reqs in zip(sides.ms, sides.reqs, strict=True):
+        m.new_step_starts()
+        r = _request("r9", tokens, h)
+        blocks, hit, r.shared_prefix_boundary = m.get_computed_blocks(r)
+        assert hit == 6
+        out = m.allocate_slots(r, 2, hit, blocks, delay_cache_blocks=True)
+        assert out is not None
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 8
+        reqs["r9"] = r
+        got.append([list(g) for g in out.get_block_ids()])
+    assert got[0] == got[1] == [[4], [5]]
+    vllm_copy = sides.ms[0].get_blocks("r9").blocks[0][1]
+    assert vllm_copy.block_hash is None and vllm_copy.block_hash_num_tokens is None
+    assert sides.ms[1].core._index.fine.get(4) is None  # (prefixkv's copy: no partial entry)
+    sides.compare(tokens)
+    sides.do("add", list(range(100, 140)), None)  # (a filler: r0's blocks evicted)
+    sides.compare(tokens)
+    probe = _request("p", tokens + [9], h)
+    assert [m.get_computed_blocks(probe)[1] for m in sides.ms] == [0, 0]
 
 
 def test_each_block_holding_a_partial_entry_announces_it_as_vllm_does():

@@ -125,6 +125,12 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], scale: int, event
     h = reduce(math.gcd, (b for b, _ in groups))
     sides = CheckpointSides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 4 if small else 400,
                             scale * h, events, retention)
+    drive(sides, groups, ops, probe, events)
+
+
+def drive(sides: CheckpointSides, groups: Any, ops: Any, probe: list[int], events: bool) -> None:
+    """``ops`` on both ``sides``, compared after each (their events too, with
+    ``events``), up to the first spare."""
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)
@@ -137,9 +143,10 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], scale: int, event
 def test_checkpoint_blocks_are_refused_where_not_served():
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
-    # without vLLM's partial hits (a Mamba block of the hash block's size)
+    # without vLLM's partial hits (a Mamba block of the hash block's size) and not at one
+    # size (full attention at 16; at one size they are served: test_vllm_one_size_checkpoints.py)
     with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_checkpoint_blocks.*partial hits"):
-        checkpoint_plugin(((8, None), (8, "mamba")), 8, 40)
+        checkpoint_plugin(((16, None), (8, "mamba")), 8, 40)
     # different in two Mamba groups
     specs = _specs(((8, None), (16, "mamba")), 8) + [_spec(16, "mamba")]
     from prefixkv.integrations.vllm import KVCacheManager

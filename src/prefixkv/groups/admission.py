@@ -49,6 +49,7 @@ def add_request(
     read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
     peek: bool | Sequence[bool] = False, num_prompt_tokens: int | None = None, junction: int = 0,
+    hold_tail: bool = True,
 ) -> GroupAdmission | None:
     """Admit a request: find the longest cached prefix every group can serve, take
     references on the blocks each group needs of it, allocate every group's blocks
@@ -79,7 +80,10 @@ def add_request(
     boundary, ``num_prompt_tokens - 1``) and at ``junction`` (when > 0: vLLM's
     ``shared_prefix_boundary``) stay cached; with Mamba's checkpoints
     (``BlockSizes.checkpoints``) a checkpoint at ``junction`` is cached (groups/checkpoints.py);
-    otherwise ``junction`` does nothing.
+    otherwise ``junction`` does nothing. ``hold_tail`` False: a hit at the prompt's last
+    hash boundary inside a full-attention block larger than the hash block leaves the
+    block's copy on write without that partial entry (groups/partial_full.py ``on_hit``)
+    until a growth past the hit records it (vLLM's ``delay_cache_blocks``).
 
     Returns the GroupAdmission, or None when the pool is short of blocks (nothing
     changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -96,6 +100,8 @@ def add_request(
     check_count("num_external_tokens", num_external_tokens, 0, None)
     check_flag("resumed", resumed, RequestError)
     check_flag("require_full_fit", require_full_fit, RequestError)
+    if hold_tail is not True:  # (True, the default: nothing to check)
+        check_flag("hold_tail", hold_tail, RequestError)
     if type(junction) is not int or junction:  # (0, the default: nothing to check)
         check_count("junction", junction, 0, None)
     if num_prompt_tokens is not None:  # (a Prompt's length first: _find takes its spare tokens)
@@ -110,13 +116,15 @@ def add_request(
     if self._retains:
         req.marks = (req.num_prompt - 1, junction) if junction else (req.num_prompt - 1,)
     return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
-                       require_full_fit, keep_free, num_external_tokens)
+                       require_full_fit, keep_free, num_external_tokens, hold_tail)
 
 
 def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
            num_new_tokens: int | None, resumed: bool, num_lookahead_tokens: int,
-           require_full_fit: bool, keep_free: int, num_external_tokens: int) -> GroupAdmission | None:
-    """``add_request`` once its arguments are checked and its hit found (``nodes``)."""
+           require_full_fit: bool, keep_free: int, num_external_tokens: int,
+           hold_tail: bool = True) -> GroupAdmission | None:
+    """``add_request`` once its arguments are checked and its hit found (``nodes``;
+    ``hold_tail``: the sized manager's, unused at one size)."""
     n, bs, k = len(req.tokens), self.block_size, len(nodes)
     usable = self.num_blocks - (self._null is not None)
     ahead = self._ahead

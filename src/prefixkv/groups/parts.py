@@ -50,7 +50,7 @@ def construct(
                           f"size only, got {sizes}")
     _check_retention(specs, sizes)
     retains = any(s.retention is not None for s in specs)  # (served at one size by the sized calls too)
-    if (retains or not sizes.one_size) and not self._serves_sizes:
+    if (retains or sizes.checkpoints or not sizes.one_size) and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
         if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
@@ -108,7 +108,8 @@ def construct(
 def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     """Raises ConfigError for a window's or Mamba group's ``retention`` where it is not
     served: beside ``peek`` (vLLM's EAGLE moves the tails a block up) or an uncached
-    window; a window's beside partial hits; a Mamba group's at one block size; or not a
+    window; a window's beside partial hits; a Mamba group's at one block size but beside
+    checkpoints (``BlockSizes.checkpoints``: the sized calls serve it); or not a
     multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``). A window's at one block
     size too: the sized manager's calls serve it (groups/sized.py)."""
     got = [s.retention for s in specs if s.retention is not None]
@@ -116,7 +117,7 @@ def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
         return
     kinds = {s.kind for s in specs if s.retention is not None}
     if sizes.peek or not all(s.cached for s in specs) or sizes.partial and kinds - {MAMBA} \
-            or sizes.one_size and MAMBA in kinds:
+            or sizes.one_size and MAMBA in kinds and not sizes.checkpoints:
         raise ConfigError(f"retention is served without peek and uncached windows, a window's without "
                           f"partial hits, a Mamba group's with groups of different block sizes, got {sizes}")
     if any(r % sizes.align for r in got):

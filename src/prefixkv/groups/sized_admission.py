@@ -144,9 +144,10 @@ def _mark(self: HybridKVCacheManager, req: GroupRequest, total: int) -> None:
 
 def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
            num_new_tokens: int | None, resumed: bool, num_lookahead_tokens: int,
-           require_full_fit: bool, keep_free: int, num_external_tokens: int) -> GroupAdmission | None:
+           require_full_fit: bool, keep_free: int, num_external_tokens: int,
+           hold_tail: bool = True) -> GroupAdmission | None:
     """``add_request`` once its arguments are checked and its hit found (``nodes``),
-    each group at its own block size."""
+    each group at its own block size (``hold_tail``: ``add_request``'s)."""
     sizes, h = self._group_sizes, self._hash_size
     n, k = len(req.tokens), len(nodes)
     num_cached, usable = k * h, self.num_blocks - (self._null is not None)
@@ -206,7 +207,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         self._hit_blocks[g] += len(found)
         if copy is not None:
             partial.on_hit(self, req, g, cuts[g] + len(found) - 1, copy)
-            if prepared is None and g in self._fine:  # (``_record`` does not run)
+            if prepared is None and g in self._fine and hold_tail:  # (``_record`` does not run)
                 partial_full.on_hit(self, req, g, nodes, copy)
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)

@@ -58,7 +58,8 @@ class BlockSizes:
         manager checks the groups against; and full attention's partial entries where
         its blocks are larger than the hash block: groups/partial_full.py).
         ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group
-        (groups/checkpoints.py; with ``partial`` only), at ``checkpoint_alignment`` tokens
+        (groups/checkpoints.py; with ``partial``, or at one size without ``peek``: a
+        checkpoint then ends its entry), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
         block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only, without
         ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
@@ -68,7 +69,8 @@ class BlockSizes:
         ``checkpoint_alignment``) not a positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
-        not a bool or without ``partial``, ``checkpoint_alignment`` without
+        not a bool or without ``partial`` (but at one size, without ``peek``),
+        ``checkpoint_alignment`` without
         ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``."""
         try:
             got = tuple(sizes)
@@ -93,8 +95,9 @@ class BlockSizes:
         if type(partial) is not bool or (partial and any(flags) and not eagle):
             raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
                               f"got {partial!r}")
-        if type(checkpoints) is not bool or (checkpoints and not partial):
-            raise ConfigError(f"checkpoints must be a bool, and False without partial, got {checkpoints!r}")
+        if type(checkpoints) is not bool or (checkpoints and not partial and (h != a or flags)):
+            raise ConfigError(f"checkpoints must be a bool, and False without partial (but at one size, "
+                              f"without peek), got {checkpoints!r}")
         if checkpoint_alignment is not None and not checkpoints:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \

@@ -27,12 +27,14 @@ from .layout import UnsupportedByPrefixKV
 __all__ = ["inner", "prefill_end", "read_checkpoints", "step_blocks"]
 
 
-def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | None:
+def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool, one_size: bool = False) -> int | None:
     """The alignment of the Mamba groups' checkpoints (their ``prefill_checkpoint_alignment``),
     or None when they take none (no checkpoint blocks, or no alignment: vLLM's
     ``is_mamba_prefill_checkpoint_valid`` is then never true). Raises
     UnsupportedByPrefixKV for checkpoint blocks prefixkv does not serve: without vLLM's
-    fine-grained partial hits (``partial``), or not the same in every Mamba group."""
+    fine-grained partial hits (``partial``) but where every group, the hash block and
+    the scheduler's are of one size (``one_size``: a checkpoint then ends its block), or
+    not the same in every Mamba group."""
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if type(g.kv_cache_spec) is MambaSpec]
     got = {(s.num_prefill_checkpoint_blocks > 0, s.prefill_checkpoint_alignment) for s in specs}
     if not any(on for on, _ in got):
@@ -40,10 +42,11 @@ def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool) -> int | Non
     what = "prefixkv offers Mamba's chunk-end checkpoint blocks (num_prefill_checkpoint_blocks)"
     if len(got) > 1:
         raise UnsupportedByPrefixKV(f"{what} alike in every Mamba group only, got {sorted(got, key=str)}")
-    if not partial:
-        raise UnsupportedByPrefixKV(f"{what} with vLLM's fine-grained partial hits only (a Mamba "
-                                    f"block larger than the hash block beside full attention of the "
-                                    f"hash block's size; docs/groups.md)")
+    if not partial and not one_size:
+        raise UnsupportedByPrefixKV(f"{what} with vLLM's fine-grained partial hits (a Mamba block "
+                                    f"larger than the hash block beside full attention of the hash "
+                                    f"block's size) or at one block size (every group, the hash "
+                                    f"block and the scheduler's) only; docs/groups.md")
     alignment: int | None = next(iter(got))[1]
     return alignment
 

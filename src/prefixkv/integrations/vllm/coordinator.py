@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.block import blocks_for
 from .checkpoints import prefill_end, step_blocks
 from .layout import Layout
+from .retention_setter import set_retention_interval
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -107,16 +108,26 @@ class CoordinatorView:
         self._num_dense = len(self._sparse) - self._num_sparse
         self._ahead = tuple(g.ahead for g in layout.groups)  # (speculative blocks past a row's end)
         self.block_size = self.scheduler_block_size = layout.block_size
-        self.retention_interval: int | None = manager.retention_interval
         self.enable_partial_hash_hits = layout.sizes.partial
         self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)
         self._checkpoints = layout.sizes  # (Mamba's checkpoint blocks, when ``checkpoints``)
-        self._one_size = layout.sizes.one_size
+        self._one_size = layout.sizes.one_size and not layout.sizes.checkpoints  # (short_of_blocks' count)
         self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
+
+    @property
+    def retention_interval(self) -> int | None:
+        """vLLM's ``prefix_cache_retention_interval``, the manager's (retention.py). Set:
+        the manager is built again with it while it holds nothing, else refused
+        (retention_setter.py)."""
+        return self._manager.retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        set_retention_interval(self._manager, interval)
 
     def blocks_to_grow(self, key: int, num_tokens: int) -> int:
         """Blocks from the pool that covering ``num_tokens`` positions of the live request
@@ -149,10 +160,10 @@ class CoordinatorView:
                 need += min(1, more) if sparse else more
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
-                if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                    need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                        core.num_scheduled_tokens(key), covered, core.null_block_id,
-                                        prefill_end(self.retention_interval, request))
+            if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
+                need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
+                                    core.num_scheduled_tokens(key), covered, core.null_block_id,
+                                    prefill_end(self.retention_interval, request))
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 

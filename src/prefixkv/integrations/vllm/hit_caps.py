@@ -28,8 +28,6 @@ from weakref import WeakKeyDictionary
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
-from .layout import UnsupportedByPrefixKV
-
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
@@ -64,19 +62,12 @@ class HitCaps:
         else:
             self._caps.pop(request, None)
 
-    def cap(self, request: Request, hit: int, delay: bool, hash_size: int) -> int | None:
+    def cap(self, request: Request, hit: int) -> int | None:
         """The cap admission finds ``hit`` tokens of ``request`` under: its lookup's when
-        that found this hit inside a block (None: no cap), else ``hit`` itself. Raises
-        UnsupportedByPrefixKV for ``delay`` (vLLM's ``delay_cache_blocks``) on a hit at
-        the prompt's last hash boundary inside a block: prefixkv's admission makes the
-        block's copy hold that partial entry at once (groups/partial_full.py
-        ``on_hit``), vLLM's only at the later ``cache_blocks``."""
+        that found this hit inside a block (None: no cap), else ``hit`` itself. (With
+        vLLM's ``delay_cache_blocks``, admission asks the block's copy to hold no partial
+        entry yet: slots.py, ``hold_tail``.)"""
         if hit % self.fine_size:
-            if delay and hit == (request.num_prompt_tokens - 1) // hash_size * hash_size:
-                raise UnsupportedByPrefixKV(
-                    f"request {request.request_id!r}: prefixkv does not offer delay_cache_blocks on a hit "
-                    f"of {hit} tokens, the prompt's last hash boundary inside a full-attention block of "
-                    f"{self.fine_size} (its copy holds the partial entry from admission on)")
             noted = self._caps.get(request)
             if noted is not None and noted[0] == hit:
                 return noted[1]

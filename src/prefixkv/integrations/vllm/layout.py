@@ -184,7 +184,8 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                                     f"block, got {kv_cache_config.num_blocks}")
     flags = tuple(bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups)
     from .checkpoints import read_checkpoints  # (it imports this module)
-    ck = read_checkpoints(kv_cache_config, partial)
+    ck = read_checkpoints(kv_cache_config, partial,
+                          set(sizes) == {scheduler_block_size} and hash_block_size == scheduler_block_size)
     return Layout(groups, scheduler_block_size, kv_cache_config.num_blocks, specs,
                   BlockSizes.of(sizes, hash_block_size, scheduler_block_size, partial=partial,
                                 checkpoints=ck is not None, checkpoint_alignment=ck), flags)
@@ -268,10 +269,10 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
-        sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek,
-                                                                    s.partial, s.checkpoints,
-                                                                    s.checkpoint_alignment or None,
-                                                                    eagle and s.partial)
+        # (one size: the one-size manager's int, but with checkpoints: the sized calls)
+        sizes = layout.block_size if s.one_size and not s.checkpoints else BlockSizes.of(
+            s.sizes, s.hash_size, s.align, peek, s.partial, s.checkpoints, s.checkpoint_alignment or None,
+            eagle and s.partial)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

@@ -60,6 +60,7 @@ class KVCacheManager(StepCalls):
     (``num_hash_lookahead_tokens`` > 0)."""
 
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
+    _built_with: tuple[tuple[Any, ...], dict[str, Any]]  # (``__new__``'s arguments: retention_setter.py)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a
@@ -78,7 +79,9 @@ class KVCacheManager(StepCalls):
                   and kwargs.get("enable_caching", args[5] if len(args) > 5 else True)):
                 from .lookahead import LookaheadKVCacheManager  # (lookahead hashing)
                 cls = LookaheadKVCacheManager
-        return super().__new__(cls)
+        made = super().__new__(cls)
+        made._built_with = (args, kwargs)  # (a retention_interval set later rebuilds it: retention_setter.py)
+        return made
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, max_in_flight_tokens: int | None = None,
@@ -126,7 +129,8 @@ class KVCacheManager(StepCalls):
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
-                                None if layout.sizes.one_size else layout.sizes, layout.groups)
+                                None if layout.sizes.one_size and not layout.sizes.checkpoints
+                                else layout.sizes, layout.groups)
         events = enable_kv_cache_events or metrics_collector is not None
         lookahead = index(num_hash_lookahead_tokens) if enable_caching else 0  # (a bool: vLLM's tests')
         if lookahead and not self._serves_lookahead:  # (lookahead.py's class does)

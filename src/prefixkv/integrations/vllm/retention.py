@@ -85,10 +85,12 @@ def _applies(layout: Layout, interval: int, use_eagle: bool) -> bool:
     serves the windows with its sized calls: docs/groups.md), beside windows only and a
     positive interval only (0, the default every engine passes, keeps the one-size
     manager's calls, dense: the sized ones refuse ``uncache_blocks``, which vLLM's failed
-    loads call)."""
+    loads call), or beside Mamba's checkpoint blocks and full attention (any interval:
+    the sized calls serve them; checkpoints.py)."""
     kinds = {g.kind for g in layout.groups}
     if use_eagle or not all(g.cached for g in layout.groups):
         return False
-    if layout.sizes.one_size:
-        return bool(interval) and kinds <= {FULL, SLIDING}
+    if layout.sizes.one_size:  # (Mamba's checkpoint blocks: the sized calls, any interval)
+        return bool(interval) and kinds <= {FULL, SLIDING} or layout.sizes.checkpoints and FULL in kinds \
+            and kinds <= {FULL, MAMBA}
     return FULL in kinds and kinds <= {FULL, SLIDING, MAMBA}

@@ -125,10 +125,12 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     loaded = {}
     cap: int | None = hit
     if m._hybrid:
-        if m._hit_caps is not None and read:  # (a hit inside a full-attention block: hit_caps.py)
-            cap = m._hit_caps.cap(request, hit, delay, m.hash_block_size)
         loaded = {"num_external_tokens": computed - hit,
                   "num_prompt_tokens": max(1, request.num_prompt_tokens)}
+        if m._hit_caps is not None and read:  # (a hit inside a full-attention block: hit_caps.py)
+            cap = m._hit_caps.cap(request, hit)
+            if delay:  # (vLLM's copy holds its partial entry from a later cache_blocks on)
+                loaded["hold_tail"] = False
         if m._retains:  # (the windows' retention keeps what a hit reads at vLLM's junction)
             loaded["junction"] = request.shared_prefix_boundary
     try:
