@@ -3,7 +3,7 @@ own manager and coordinator (from the wheel), the reference (hisparse_import_mod
 prefixkv's plug-in manager (integrations/vllm/hisparse_manager.py, its seam and
 groups/hisparse/imports.py). The same ops on all three; after each, every block id of the
 request, its page sets, the pending import, the restores and copies in flight, both
-pools' free counts must agree; what ``allocate_slots`` returns, the offload commands
+pools' free counts and every block's ``ref_cnt`` must agree; what ``allocate_slots`` returns, the offload commands
 (restores: before the forward pass) and the scheduler's count of blocks a request needs
 must be vLLM's. Never a wrong KV: a page prefixkv reads from host, or marks valid, is one
 the import wrote whole or a step copied. Needs vllm installed."""
@@ -24,7 +24,7 @@ from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from prefixkv.groups.hisparse.row import CLEAN, UNPINNED  # noqa: E402
-from prefixkv.integrations.vllm import KVCacheManager  # noqa: E402
+from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV  # noqa: E402
 
 from .hisparse_import_model import IMPORT_SCENARIOS, IMPORT_STREAMS, ImportModel, import_state  # noqa: E402
 from .hisparse_model import BS, MAX_LEN, cdiv  # noqa: E402
@@ -151,6 +151,8 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                                        if p.restore and p.page[0] == req.request_id)}
         assert got_vllm == expected, (i, op, arg)
         assert prefixkv_state(ours, req.request_id) == expected, (i, op, arg)
+        for pools in ((theirs.block_pool, ours.block_pool), tuple(c.get_host_block_pool() for c in coordinators)):
+            assert [b.ref_cnt for b in pools[1].blocks[1:]] == [b.ref_cnt for b in pools[0].blocks[1:]], (i, op)
         _check_no_wrong_kv(ours, req.request_id, written)
         ours.state.check_invariants([b for b in ours.block_pool.taken.values()])
         _check_counts(theirs, ours, req, prompt)
@@ -214,3 +216,60 @@ def test_seeded_import_streams_agree_three_ways(seed: int) -> None:
         ops.append((kind, arg))
     run(rng.randint(12, 40), rng.randint(6, 24), rng.randint(1, 3), rng.choice([16, 32, 64, MAX_LEN]),
         rng.randint(40, MAX_LEN), ops)
+
+
+def _load(manager: Any, req: Any, tokens: int) -> Any:
+    return manager.allocate_slots(req, 0, num_external_computed_tokens=tokens, delay_cache_blocks=True,
+                                  full_sequence_must_fit=True)
+
+
+@pytest.mark.parametrize("side", ["vllm", "prefixkv"])
+def test_a_partial_tail_is_restored_and_stays_dirty_exact_values(side: str) -> None:
+    """17 tokens loaded (16 device blocks, 16 host, hot region of 2): host pages 1, 2;
+    indexer 1, 2; the row null but its tail page, block 3; the hot region 4, 5 (all
+    ``allocate_slots`` returns). Done: page 0 valid, the tail's restore (copy 0, host 2
+    to block 3, before the forward pass); confirmed, the tail is dirty, then copied once
+    the steps seal it. Both sides alike."""
+    cfg = hisparse_config(16, 16)
+    kw = {"max_model_len": MAX_LEN}
+    manager = vllm_manager(cfg, **kw) if side == "vllm" else KVCacheManager(
+        cfg, scheduler_block_size=BS, hash_block_size=BS, enable_caching=False, **kw)
+    c = get_hisparse_coordinator(manager)
+    req = make_request("r", list(range(3 * BS)))
+    assert _ids(_load(manager, req, BS + 1)) == ([], [], [], [4, 5])
+    assert manager.get_block_ids("r") == ([1, 2], [1, 2], [0, 3], [4, 5])
+    assert not c.build_offload_command().page_transfers and not c.all_context_pages_resident([("r", 17, 1)])
+    c.finish_host_import("r", failed=False)
+    assert c.request_states["r"].valid_pages == {0} and c.request_states["r"].ready_prefix_pages == 1
+    (t,) = c.build_offload_command().page_transfers
+    assert (t.transfer_id, t.host_block_id, t.resident_block_ids, t.restore, t.after_forward) == (0, 2, (3,), True, False)
+    assert [b.ref_cnt for b in manager.get_blocks("r").blocks[2]] == [0, 2]  # (the null block; the restore's)
+    c.update_spills({0: 1}, {0: 1})
+    assert c.request_states["r"].pending_pages == {} and c.request_states["r"].valid_pages == {0}
+    req.num_computed_tokens = BS + 1
+    assert _ids(manager.allocate_slots(req, BS)) == ([3], [6], [7], [])
+    c.advance_scheduled([("r", 2 * BS + 1)])
+    (t,) = c.build_offload_command().page_transfers
+    assert (t.transfer_id, t.host_block_id, t.resident_block_ids, t.restore) == (1, 2, (3,), False)
+
+
+def test_a_step_after_a_failed_load_is_refused_until_the_request_is_freed() -> None:
+    """vLLM would recompute into pages it reads from host (null in its row): refused by
+    name, nothing changed; freed, every block is back."""
+    ours = KVCacheManager(hisparse_config(16, 16), max_model_len=MAX_LEN, scheduler_block_size=BS,
+                          hash_block_size=BS, enable_caching=False)
+    c = get_hisparse_coordinator(ours)
+    req = make_request("r", list(range(3 * BS)))
+    assert _load(ours, req, 2 * BS + 1) is not None
+    c.finish_host_import("r", failed=True)
+    assert "r" not in c.request_states and not c.build_offload_command().page_transfers
+    req.num_computed_tokens = BS
+    before = (ours.get_block_ids("r"), ours.block_pool.get_num_free_blocks())
+    with pytest.raises(UnsupportedByPrefixKV, match="whose external load failed"):
+        ours.allocate_slots(req, BS)
+    assert (ours.get_block_ids("r"), ours.block_pool.get_num_free_blocks()) == before
+    ours.free(req)
+    assert ours.block_pool.get_num_free_blocks() == 15 and c.get_host_block_pool().get_num_free_blocks() == 15
+    ours.state.check_invariants()
+    with pytest.raises(TypeError):
+        c.request_states["r"] = None  # type: ignore[index]

@@ -31,6 +31,7 @@ from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
 
 from .hisparse import HiSparseSeam, hisparse_state, refuse_the_rest
+from .hisparse_blocks import pool_blocks
 from .hisparse_groups import HOST, RESIDENT, CoordinatorView, DevicePoolView, HostPoolView, refused
 from .hisparse_imports import load_slots
 from .manager import KVCacheManager
@@ -96,8 +97,8 @@ class HiSparseKVCacheManager(KVCacheManager):
         self.retained_hit_group_ids = (HOST,)  # (vLLM's: the source group retains longer hits)
         self.watermark_blocks = int(o["watermark"] * kv_cache_config.num_blocks)
         self.state = state
-        self._device = [KVCacheBlock(i, is_null=not i) for i in range(kv_cache_config.num_blocks)]
-        self._host = [KVCacheBlock(i, is_null=not i) for i in range(len(state.host.blocks))]
+        self._device = pool_blocks(state, host=False)  # (ref_cnt read live: hisparse_blocks.py)
+        self._host = pool_blocks(state, host=True)
         self.empty_kv_cache_blocks = KVCacheBlocks(((), (), (), ()))
         self.block_pool = DevicePoolView(state, self._device)  # type: ignore[assignment]
         self.host_pool = HostPoolView(state, self._host, "the host pool")
