@@ -3,10 +3,11 @@ own manager and coordinator (from the wheel), the reference (hisparse_import_mod
 prefixkv's plug-in manager (integrations/vllm/hisparse_manager.py, its seam and
 groups/hisparse/imports.py). The same ops on all three; after each, every block id of the
 request, its page sets, the pending import, the restores and copies in flight, both
-pools' free counts and every block's ``ref_cnt`` must agree; what ``allocate_slots`` returns, the offload commands
-(restores: before the forward pass) and the scheduler's count of blocks a request needs
-must be vLLM's. Never a wrong KV: a page prefixkv reads from host, or marks valid, is one
-the import wrote whole or a step copied. Needs vllm installed."""
+pools' free counts and every block's ``ref_cnt`` must agree; what ``allocate_slots``
+returns, the offload commands (restores: before the forward pass) and the scheduler's
+count of blocks a request needs must be vLLM's. Never a wrong KV: a page prefixkv reads
+from host, or marks valid, is one the load wrote whole or a confirmed copy to host wrote.
+Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -151,8 +152,10 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                                        if p.restore and p.page[0] == req.request_id)}
         assert got_vllm == expected, (i, op, arg)
         assert prefixkv_state(ours, req.request_id) == expected, (i, op, arg)
-        for pools in ((theirs.block_pool, ours.block_pool), tuple(c.get_host_block_pool() for c in coordinators)):
-            assert [b.ref_cnt for b in pools[1].blocks[1:]] == [b.ref_cnt for b in pools[0].blocks[1:]], (i, op)
+        hosts = tuple(c.get_host_block_pool() for c in coordinators)
+        for pools in ((theirs.block_pool, ours.block_pool), hosts):
+            refs = [[b.ref_cnt for b in pool.blocks[1:]] for pool in pools]
+            assert refs[1] == refs[0], (i, op)
         _check_no_wrong_kv(ours, req.request_id, written)
         ours.state.check_invariants([b for b in ours.block_pool.taken.values()])
         _check_counts(theirs, ours, req, prompt)
@@ -242,7 +245,8 @@ def test_a_partial_tail_is_restored_and_stays_dirty_exact_values(side: str) -> N
     c.finish_host_import("r", failed=False)
     assert c.request_states["r"].valid_pages == {0} and c.request_states["r"].ready_prefix_pages == 1
     (t,) = c.build_offload_command().page_transfers
-    assert (t.transfer_id, t.host_block_id, t.resident_block_ids, t.restore, t.after_forward) == (0, 2, (3,), True, False)
+    assert (t.transfer_id, t.host_block_id, t.resident_block_ids, t.restore, t.after_forward) == \
+        (0, 2, (3,), True, False)
     assert [b.ref_cnt for b in manager.get_blocks("r").blocks[2]] == [0, 2]  # (the null block; the restore's)
     c.update_spills({0: 1}, {0: 1})
     assert c.request_states["r"].pending_pages == {} and c.request_states["r"].valid_pages == {0}

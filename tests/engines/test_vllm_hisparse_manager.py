@@ -237,7 +237,8 @@ def test_the_layout_gets_the_hisparse_manager_and_its_seam() -> None:
 
 
 @pytest.mark.parametrize(("call", "named"), [
-    (lambda m, r: (setattr(r, "num_computed_tokens", 16), m.allocate_slots(r, 16, num_external_computed_tokens=16)),
+    (lambda m, r: (setattr(r, "num_computed_tokens", 16),
+                   m.allocate_slots(r, 16, num_external_computed_tokens=16)),
      "external tokens for a request holding blocks or computed tokens"),
     (lambda m, r: m.allocate_slots(r, 16, num_encoder_tokens=16), "encoder"),
     (lambda m, r: m.pop_blocks_for_free(r), "pop_blocks_for_free"),
