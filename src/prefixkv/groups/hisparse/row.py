@@ -114,7 +114,6 @@ class ResidentRow:
         at most ``budget`` of them: the copies the step plans."""
         check_count("sealed", sealed, 0, len(self._states))
         check_count("budget", budget, 0, None)
-        check_count("start", start, 0, None)
         out = [p for p in range(max(self.ready, start), sealed) if self._states[p] == DIRTY][:budget]
         for p in out:
             self._states[p] = IN_FLIGHT

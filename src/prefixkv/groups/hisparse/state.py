@@ -107,7 +107,8 @@ class HiSparseState:
         r = self._requests.get(key) or _Request()
         pages = blocks_for(check_count("tokens", tokens, 1, None), self.block_size)
         n = max(pages - len(r.indexer), 0)
-        if check_count("imported", imported, 0, None):
+        if imported:  # (an import's count: imports.py)
+            check_count("imported", imported, 1, None)
             n += Imports.row_need(r.blocks, pages, imported, self.block_size) + self.hot_blocks - len(r.hot)
         else:
             n += max((min(pages, self.window) if cap else pages) - len(r.blocks), 0)
@@ -208,7 +209,8 @@ class HiSparseState:
         holds its window."""
         r = self._get(key)
         sealed = min(max(total - self.reprefill, 0) // self.block_size, len(r.row))
-        first = self.imports.first_page(key, self.block_size)
+        pending = self.imports.pending  # (a pending import's pages are not copied)
+        first = blocks_for(pending[key], self.block_size) if pending and key in pending else 0
         self.spills.plan(key, r.row.plan(sealed, self.spills.budget, first))
         if not r.row.hot:
             if r.row.asks_for_hot(self.device.num_free, self.watermark, self.window):
@@ -278,8 +280,9 @@ class HiSparseState:
         orphans = [t for t in done if t in self._orphans]
         for tid in orphans:  # (the device blocks first, then the host ones; to the head)
             self.device.free([self._orphans[tid][0]])
+        restores = self.imports.restores  # (copy id -> a restore's page is whole)
         for tid in done:
-            whole = self.imports.restores.pop(tid, True)  # (a copy to host, or a whole page restored)
+            whole = restores.pop(tid, True) if restores else True  # (True: a copy to host)
             if tid in self._orphans:
                 self.host.free([self._orphans.pop(tid)[1]])
                 continue

@@ -217,7 +217,8 @@ class HiSparseKVCacheManager(KVCacheManager):
             refused("hits or encoder tokens in allocate_slots")
         if a["num_external_computed_tokens"]:  # (an external load: hisparse_imports.py)
             return load_slots(self, request, num_new_tokens, a)
-        if request.request_id in self.state.imports.failed:
+        failed = self.state.imports.failed
+        if failed and request.request_id in failed:
             refused(f"a step of {request.request_id!r}, whose external load failed (free it)")
         if request.num_computed_tokens and not self.state.holds(request.request_id):
             refused(f"a request holding no blocks with {request.num_computed_tokens} computed tokens "
