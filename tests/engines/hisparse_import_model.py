@@ -29,6 +29,7 @@ host pages. The rules (``ImportModel``; its cases at the end):
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,3 +169,24 @@ IMPORT_OPS = st.lists(st.one_of(LOAD, FINISH, STEP, CONFIRM, LOAD, FINISH, STEP,
 # (pools large enough that most loads fit: the host pool backs a whole prompt)
 IMPORT_STREAMS = {**STREAMS, "num_blocks": st.integers(12, 40), "host_blocks": st.integers(6, 24),
                   "ops": IMPORT_OPS}
+
+
+def reports(m: Model, op: str, arg: int) -> tuple[dict[int, int], dict[int, int]]:
+    """The workers' reports of a "confirm" (one worker) or "halve" (two, one completing)
+    op on the copies in flight of mask ``arg``: (enqueued, completed)."""
+    chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
+    return {t: 1 if op == "confirm" else 2 for t in chosen}, {t: 1 for t in chosen}
+
+
+def seeded_stream(seed: int) -> tuple[tuple[int, int, int, int, int], list[tuple[str, int]]]:
+    """A uniform random stream of 30 import ops and its shape (``run``'s arguments):
+    Hypothesis' lean to short streams rarely reaches a restore confirmed."""
+    rng = random.Random(seed)
+    kinds = ["load", "finish", "step", "confirm", "load", "finish", "step", "confirm", "halve", "take",
+             "give_back", "free"]
+    ops = [(k, {"load": rng.choice([-1, 1]) * rng.randint(1, MAX_LEN), "finish": rng.choice([0, 0, 0, 1]),
+                "step": rng.randint(1, 40), "confirm": rng.getrandbits(16), "halve": rng.getrandbits(16),
+                "take": rng.randint(1, 12)}.get(k, 0)) for k in (rng.choice(kinds) for _ in range(30))]
+    shape = (rng.randint(12, 40), rng.randint(6, 24), rng.randint(1, 3), rng.choice([16, 32, 64, MAX_LEN]),
+             rng.randint(40, MAX_LEN))
+    return shape, ops

@@ -11,7 +11,6 @@ Needs vllm installed."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -27,7 +26,14 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from prefixkv.groups.hisparse.row import CLEAN, UNPINNED  # noqa: E402
 from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV  # noqa: E402
 
-from .hisparse_import_model import IMPORT_SCENARIOS, IMPORT_STREAMS, ImportModel, import_state  # noqa: E402
+from .hisparse_import_model import (  # noqa: E402
+    IMPORT_SCENARIOS,
+    IMPORT_STREAMS,
+    ImportModel,
+    import_state,
+    reports,
+    seeded_stream,
+)
 from .hisparse_model import BS, MAX_LEN, cdiv  # noqa: E402
 from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
 from .test_vllm_hisparse_reference import vllm_state  # noqa: E402
@@ -123,12 +129,11 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
             assert [(t.transfer_id, t.resident_block_ids, t.restore, t.after_forward) for t in sent[0]] == [
                 (t, (m.block_of(t),), t in m.restores, t not in m.restores) for t in m.to_send], (i, op, arg)
             m.to_send = []
-            chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
-            enqueued = {t: 1 if op == "confirm" else 2 for t in chosen}
+            enqueued, completed = reports(m, op, arg)
             for c in coordinators:
-                c.update_spills(enqueued, {t: 1 for t in chosen})
+                c.update_spills(enqueued, completed)
             copies = {t: p for t, p in m.pending.items() if t not in m.restores}
-            written |= {copies[t] for t in m.report(enqueued, {t: 1 for t in chosen}) if t in copies}
+            written |= {copies[t] for t in m.report(enqueued, completed) if t in copies}
         elif op == "free":
             for mg in managers:
                 mg.free(req)
@@ -205,20 +210,10 @@ def test_random_import_streams_agree_three_ways(num_blocks: int, host_blocks: in
 
 @pytest.mark.parametrize("seed", range(24))
 def test_seeded_import_streams_agree_three_ways(seed: int) -> None:
-    """Uniform random streams (Hypothesis' lean to short ones rarely reaches a restore
-    confirmed): over the 24 seeds, restores confirmed, pages unpinned and lost."""
-    rng = random.Random(seed)
-    kinds = ["load", "finish", "step", "confirm", "load", "finish", "step", "confirm", "halve", "take",
-             "give_back", "free"]
-    ops = []
-    for _ in range(30):
-        kind = rng.choice(kinds)
-        arg = {"load": rng.choice([-1, 1]) * rng.randint(1, MAX_LEN), "finish": rng.choice([0, 0, 0, 1]),
-               "step": rng.randint(1, 40), "confirm": rng.getrandbits(16), "halve": rng.getrandbits(16),
-               "take": rng.randint(1, 12)}.get(kind, 0)
-        ops.append((kind, arg))
-    run(rng.randint(12, 40), rng.randint(6, 24), rng.randint(1, 3), rng.choice([16, 32, 64, MAX_LEN]),
-        rng.randint(40, MAX_LEN), ops)
+    """Uniform random streams (``seeded_stream``): over the 24 seeds, restores confirmed,
+    pages unpinned and lost."""
+    shape, ops = seeded_stream(seed)
+    run(*shape, ops)
 
 
 def _load(manager: Any, req: Any, tokens: int) -> Any:
