@@ -272,3 +272,32 @@ def test_a_step_after_a_failed_load_is_refused_until_the_request_is_freed() -> N
     ours.state.check_invariants()
     with pytest.raises(TypeError):
         c.request_states["r"] = None  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("imported", "new", "lookahead", "num_blocks"), [
+    (20, 30, 0, 32), (16, 16, 3, 32), (1, 47, 2, 32), (33, 0, 5, 32), (20, 30, 0, 9), (40, 8, 0, 8)])
+def test_a_load_with_new_tokens_and_lookahead_answers_as_vllm(imported: int, new: int, lookahead: int,
+                                                              num_blocks: int) -> None:
+    """A synchronous load (new tokens computed in the same step, lookahead slots): what
+    ``allocate_slots`` takes per group (or None), the block ids, the step's copies and
+    the load's end, on both managers alike."""
+    cfg = hisparse_config(num_blocks, 16)
+    managers = (vllm_manager(cfg, max_model_len=MAX_LEN),
+                KVCacheManager(cfg, max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS,
+                               enable_caching=False))
+    coordinators = [get_hisparse_coordinator(m) for m in managers]  # (vLLM's: before the first admission)
+    reqs = [make_request("r", list(range(64))) for _ in managers]
+    got = [m.allocate_slots(r, new, num_external_computed_tokens=imported, num_lookahead_tokens=lookahead,
+                            full_sequence_must_fit=True) for m, r in zip(managers, reqs, strict=True)]
+    assert _ids(got[1]) == _ids(got[0])
+    if got[0] is None:
+        return
+    assert managers[1].get_block_ids("r") == managers[0].get_block_ids("r")
+    for c in coordinators:
+        c.advance_scheduled([("r", imported + new)])
+    for c in coordinators:
+        c.finish_host_import("r", failed=False)
+    sent = [c.build_offload_command().page_transfers for c in coordinators]
+    assert sent[1] == sent[0]
+    resident = [c.all_context_pages_resident([("r", imported + new, 1)]) for c in coordinators]
+    assert resident[1] == resident[0] == (imported <= BS)  # (no page but the tail is imported)
