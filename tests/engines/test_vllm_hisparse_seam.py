@@ -180,8 +180,8 @@ def test_random_requests_side_by_side_answer_as_vllm(
     side_by_side(num_blocks, host_blocks, hot_blocks, in_flight, ops)
 
 
-@pytest.mark.parametrize("name", ["get_host_block_pool", "complete_host_import", "free", "request_states",
-                                  "resident_managers", "hot_managers", "host_manager"])
+@pytest.mark.parametrize("name", ["get_host_block_pool", "free", "resident_managers", "hot_managers",
+                                  "host_manager"])
 def test_what_the_seam_does_not_serve_is_refused_by_name(name: str) -> None:
     seam = HiSparseSeam(hisparse_state(hisparse_config(), 128, enable_caching=False))
     with pytest.raises(UnsupportedByPrefixKV, match=name):

@@ -10,8 +10,11 @@ held) unpins, and never its last ``TAIL`` pages.
 ``ready`` is the length of the prefix whose host copy is valid (CLEAN, UNPINNED or
 HOST). The rules are vLLM 0.33's (``v1/hisparse/coordinator.py``), written here and
 checked against tests/engines/hisparse_model.py by tests/engines/test_hisparse_row.py.
-Scope: the reference's. Pages come from steps; none come from hits or imports. The row
-decides, and the pool and the transfers are its caller's. Caller mistakes raise
+Scope: the reference's. Pages come from steps, and from external loads
+(tests/engines/hisparse_import_model.py): an import's pages but its last are HOST from the
+start (``pad``: read from host, never on the GPU), and its last page is restored from
+host (``restore``, then ``confirm`` when the page is whole, ``restored`` when it is not).
+The row decides, and the pool and the transfers are its caller's. Caller mistakes raise
 RequestError before any change.
 """
 
@@ -87,6 +90,12 @@ class ResidentRow:
         """Append ``n`` DIRTY pages (a step's new GPU pages)."""
         self._states += [DIRTY] * check_count("n", n, 0, None)
 
+    def pad(self, n: int) -> None:
+        """Append ``n`` HOST pages: an import's pages read from host, never on the GPU."""
+        self._states += [HOST] * check_count("n", n, 0, None)
+        while self.ready < len(self._states) and self._states[self.ready] in _VALID:
+            self.ready += 1
+
     def hold_hot(self) -> None:
         """The request took its hot region: it may read from host from now on."""
         self.hot = True
@@ -99,16 +108,27 @@ class ResidentRow:
         check_count("free", free, 0, None)
         return not self.hot and (free < watermark or len(self._states) >= window)
 
-    def plan(self, sealed: int, budget: int) -> list[int]:
-        """Mark IN_FLIGHT, and return in page order, the DIRTY pages from ``ready`` below
-        ``sealed`` (the pages the computed tokens fill), at most ``budget`` of them: the
-        copies the step plans."""
+    def plan(self, sealed: int, budget: int, start: int = 0) -> list[int]:
+        """Mark IN_FLIGHT, and return in page order, the DIRTY pages from ``ready`` (and
+        ``start``: an import's end) below ``sealed`` (the pages the computed tokens fill),
+        at most ``budget`` of them: the copies the step plans."""
         check_count("sealed", sealed, 0, len(self._states))
         check_count("budget", budget, 0, None)
-        out = [p for p in range(self.ready, sealed) if self._states[p] == DIRTY][:budget]
+        out = [p for p in range(max(self.ready, start), sealed) if self._states[p] == DIRTY][:budget]
         for p in out:
             self._states[p] = IN_FLIGHT
         return out
+
+    def restore(self, page: int) -> None:
+        """A copy from host to ``page`` (an import's last page) is planned: IN_FLIGHT."""
+        self._expect(page, DIRTY, "restore")
+        self._states[page] = IN_FLIGHT
+
+    def restored(self, page: int) -> None:
+        """The workers confirmed the restore of a page that is not whole: DIRTY (its KV
+        is on the GPU only until the steps fill it and it is copied)."""
+        self._expect(page, IN_FLIGHT, "restored")
+        self._states[page] = DIRTY
 
     def confirm(self, page: int) -> bool:
         """The workers confirmed ``page``'s copy: CLEAN (and ``ready`` moves past a valid
@@ -167,5 +187,6 @@ class ResidentRow:
         off_gpu = [p for p, s in enumerate(states) if s in (UNPINNED, HOST)]
         if off_gpu and not self.hot:
             raise InvariantError(f"pages {off_gpu} unpinned or lost without a hot region")
-        if off_gpu and off_gpu[-1] >= n - TAIL:
-            raise InvariantError(f"page {off_gpu[-1]} of {n} unpinned among the last {TAIL}")
+        unpinned = [p for p, s in enumerate(states) if s == UNPINNED]  # (an import's HOST
+        if unpinned and unpinned[-1] >= n - TAIL:  # pages may be among the last)
+            raise InvariantError(f"page {unpinned[-1]} of {n} unpinned among the last {TAIL}")

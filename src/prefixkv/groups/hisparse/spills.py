@@ -69,9 +69,10 @@ class Spills:
             raise RequestError(f"no copy {tid!r} in flight")
         return self._page[tid]
 
-    def plan(self, key: Hashable, pages: Sequence[int]) -> list[int]:
-        """Plan a copy of each of ``key``'s ``pages`` (at most ``budget``); their ids."""
-        if len(pages) > self.budget:
+    def plan(self, key: Hashable, pages: Sequence[int], budgeted: bool = True) -> list[int]:
+        """Plan a copy of each of ``key``'s ``pages`` (at most ``budget`` unless not
+        ``budgeted``: an import's restore); their ids."""
+        if budgeted and len(pages) > self.budget:
             raise RequestError(f"{len(pages)} copies planned, {self.budget} may be")
         out = list(range(self._next, self._next + len(pages)))
         self._next += len(pages)

@@ -7,11 +7,13 @@ from host. The copies to host in flight are ``spills.Spills``.
 The rules are vLLM 0.33's (``v1/hisparse/coordinator.py``, its HiSparse managers and
 ``BlockPool``), in the scope of tests/engines/hisparse_model.py, against which
 tests/engines/test_hisparse_state.py checks this state call by call: prefix caching off
-(no hits, no publication), no external loads or restores, one resident and one hot
-group, one block size. A request's step is ``allocate`` (all or nothing, the full-sequence
-gate when asked) then ``advance`` (copies planned, pages unpinned or the hot region asked
-for); the workers' reports confirm copies (``report``); ``free`` lets a request go while
-its copies in flight keep their blocks until confirmed. Caller mistakes raise
+(no hits, no publication), one resident and one hot group, one block size; external
+(connector) loads into host pages are ``imports.Imports``' (``load``, ``finish_import``;
+checked against tests/engines/hisparse_import_model.py). A request's step is
+``allocate`` (all or nothing, the full-sequence gate when asked) then ``advance`` (copies
+planned, pages unpinned or the hot region asked for); the workers' reports confirm
+copies (``report``); ``free`` lets a request go while its copies in flight keep their
+blocks until confirmed. Caller mistakes raise
 RequestError before any change.
 """
 
@@ -24,7 +26,8 @@ from ...core.pool import BlockPool
 from ...core.pool_unpin import UnpinPool
 from ...errors import InvariantError, RequestError, check_count
 from ...index import NoIndex
-from .row import CLEAN, UNPINNED, ResidentRow
+from .imports import Imports
+from .row import CLEAN, DIRTY, UNPINNED, ResidentRow
 from .spills import Spills
 
 __all__ = ["HiSparseState"]
@@ -67,6 +70,7 @@ class HiSparseState:
         self.host = BlockPool(host_blocks, NoIndex())
         self.nulls = (self.device.take(1)[0], self.host.take(1)[0])
         self.spills = Spills(max_pages)
+        self.imports = Imports()
         self._requests: dict[Hashable, _Request] = {}
         self._unpinned: dict[int, tuple[Hashable, int]] = {}  # block id -> (request, page)
         self._orphans: dict[int, tuple[Block, Block]] = {}  # copy id -> its blocks
@@ -93,16 +97,22 @@ class HiSparseState:
         """``key``'s resident row (read it; the state changes it)."""
         return self._get(key).row
 
-    def need(self, key: Hashable, tokens: int, *, cap: bool = False) -> int:
+    def need(self, key: Hashable, tokens: int, *, cap: bool = False, imported: int = 0) -> int:
         """Device blocks ``key`` (new or not) takes to cover ``tokens`` tokens: its indexer
         pages, its row's (capped at the admission window when ``cap``) and its hot region
         if asked for; when the host pool cannot back its pages, that plus the device
-        pool's size and one (vLLM's answer: more than the pool can ever give)."""
+        pool's size and one (vLLM's answer: more than the pool can ever give).
+        ``imported``: the computed tokens, when they include an external load's (then
+        the row's count is ``Imports.row_need``'s and the hot region is counted)."""
         r = self._requests.get(key) or _Request()
         pages = blocks_for(check_count("tokens", tokens, 1, None), self.block_size)
-        row = min(pages, self.window) if cap else pages
-        n = max(pages - len(r.indexer), 0) + max(row - len(r.blocks), 0)
-        n += self.hot_blocks - len(r.hot) if r.hot_required else 0
+        n = max(pages - len(r.indexer), 0)
+        if imported:  # (an import's count: imports.py)
+            check_count("imported", imported, 1, None)
+            n += Imports.row_need(r.blocks, pages, imported, self.block_size) + self.hot_blocks - len(r.hot)
+        else:
+            n += max((min(pages, self.window) if cap else pages) - len(r.blocks), 0)
+            n += self.hot_blocks - len(r.hot) if r.hot_required else 0
         return n + (len(self.device.blocks) + 1 if pages - len(r.host) > self.host.num_free else 0)
 
     def fits(self, key: Hashable, full: int) -> bool:
@@ -144,6 +154,54 @@ class HiSparseState:
                 r.row.hold_hot()
         return True
 
+    def load(self, key: Hashable, imported: int, total: int, full: int = 0) -> bool:
+        """A new request ``key``'s first allocation, all or nothing: an external load of
+        its first ``imported`` tokens into host pages, and the slots up to ``total``
+        tokens (module doc of imports.py; ``full``: the request's length when all of it
+        must fit, 0: it need not). Returns whether it fit. RequestError, nothing
+        changed, for a request holding blocks or ``total`` short of ``imported``."""
+        if key in self._requests:
+            raise RequestError(f"HiSparse request {key!r} holds blocks: a load is its first allocation")
+        check_count("imported", imported, 1, None)
+        check_count("total", total, imported, None)
+        limit = self.device.num_free
+        if (full and self.need(key, full, imported=imported) > limit) or self.need(
+                key, total, imported=imported) > limit:
+            return False
+        r = self._requests[key] = _Request()
+        imported_pages, pages = blocks_for(imported, self.block_size), blocks_for(total, self.block_size)
+        r.host = self.host.take(imported_pages) + self.host.take(pages - imported_pages)
+        r.indexer = self.device.take(imported_pages)
+        r.blocks = [None] * (imported_pages - 1) + self.device.take(1)  # (the tail page, writable)
+        r.row.pad(imported_pages - 1)
+        r.row.grow(1)
+        r.indexer += self.device.take(pages - imported_pages)
+        r.blocks += self.device.take(pages - imported_pages)
+        r.row.grow(pages - imported_pages)
+        r.hot_required = True
+        r.hot = self.device.take(self.hot_blocks)
+        r.row.hold_hot()
+        self.imports.pending[key] = imported
+        return True
+
+    def finish_import(self, key: Hashable, failed: bool) -> None:
+        """``key``'s pending import ended (vLLM's ``finish_host_import``): done, its whole
+        pages are valid and its tail page's restore is planned (its copy id among
+        ``take_copies``', ``imports.restores``); failed, its pages stay unmarked
+        (``imports.failed``, until freed). Nothing without a pending import."""
+        imported = self.imports.pending.pop(key, None)
+        if imported is None:
+            return
+        if failed:
+            self.imports.failed[key] = imported
+            return
+        r = self._requests[key]
+        tail = (imported - 1) // self.block_size
+        if r.row.state(tail) == DIRTY and r.blocks[tail] is not None:
+            r.row.restore(tail)
+            tid, = self.spills.plan(key, [tail], budgeted=False)
+            self.imports.restores[tid] = tail < imported // self.block_size
+
     def advance(self, key: Hashable, total: int) -> None:
         """``key``'s step to ``total`` tokens is scheduled: the sealed pages of its final
         tokens get copies planned; then a row reading from host unpins its clean pages,
@@ -151,7 +209,9 @@ class HiSparseState:
         holds its window."""
         r = self._get(key)
         sealed = min(max(total - self.reprefill, 0) // self.block_size, len(r.row))
-        self.spills.plan(key, r.row.plan(sealed, self.spills.budget))
+        pending = self.imports.pending  # (a pending import's pages are not copied)
+        first = blocks_for(pending[key], self.block_size) if pending and key in pending else 0
+        self.spills.plan(key, r.row.plan(sealed, self.spills.budget, first))
         if not r.row.hot:
             if r.row.asks_for_hot(self.device.num_free, self.watermark, self.window):
                 r.hot_required = True
@@ -220,14 +280,19 @@ class HiSparseState:
         orphans = [t for t in done if t in self._orphans]
         for tid in orphans:  # (the device blocks first, then the host ones; to the head)
             self.device.free([self._orphans[tid][0]])
+        restores = self.imports.restores  # (copy id -> a restore's page is whole)
         for tid in done:
+            whole = restores.pop(tid, True) if restores else True  # (True: a copy to host)
             if tid in self._orphans:
                 self.host.free([self._orphans.pop(tid)[1]])
                 continue
             key, page = owners[tid]
             r = self._requests[key]
-            if r.row.confirm(page):
-                self._unpin(key, r, page)
+            if whole:
+                if r.row.confirm(page):
+                    self._unpin(key, r, page)
+            else:
+                r.row.restored(page)
         return done
 
     def free(self, key: Hashable) -> None:
@@ -237,6 +302,7 @@ class HiSparseState:
         host row, then group by group: the indexer's, the row's dirty pages, the hot
         region (each tail first)."""
         r = self._get(key)
+        self.imports.forget(key)
         for page in r.row.pages(UNPINNED):
             block = r.blocks[page]
             assert block is not None
@@ -279,6 +345,7 @@ class HiSparseState:
             refs[block.block_id] = refs.get(block.block_id, 0) + 1
             host_refs[host.block_id] = host_refs.get(host.block_id, 0) + 1
         self.spills.check_invariants()
+        self.imports.check_invariants(list(self.spills.flight), list(self._requests))
         problem = self.device.check(refs) or self.host.check(host_refs)
         if problem is None and not set(self._unpinned) <= set(self.device.unpinned):
             problem = f"unpinned pages {sorted(self._unpinned)} not all unpinned in the pool"

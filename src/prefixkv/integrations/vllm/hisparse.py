@@ -5,12 +5,13 @@ vLLM's scheduler, its HiSparse connector and its tests reach the coordinator thr
 manager's group managers once it is a ``HiSparseCoordinator``; ``HiSparseSeam`` is one,
 whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
-Served, in the scope of that state (prefix caching off, one resident and one hot group,
-no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
+Served, in the scope of that state (prefix caching off, one resident and one hot group):
+``advance_scheduled``, ``build_offload_command``, ``update_spills``,
 ``has_pending_work``, ``has_pending_reclamation``, ``all_context_pages_resident``,
 ``take_residency_updates``, ``build_row_mirrors``, ``pending_spills`` (read-only), the
-host copies and imports the scope has none of (``take_host_block_copies``,
-``release_completed_host_copies``, ``finish_host_import``), and once bound to a manager
+end of an external load (``finish_host_import``, ``complete_host_import`` for a pending
+one; ``request_states``, read-only: hisparse_imports.py), the host copies the scope has
+none of (``take_host_block_copies``, ``release_completed_host_copies``), and once bound to a manager
 (hisparse_manager.py) ``get_host_block_pool``, ``host_manager``, ``resident_managers``
 and ``hot_managers`` (hisparse_groups.py's views): every call vLLM's HiSparse connector
 makes;
@@ -38,6 +39,7 @@ from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KV
 from prefixkv.core.block import blocks_for
 from prefixkv.groups.hisparse.state import HiSparseState
 
+from .hisparse_imports import RequestStates
 from .layout import UnsupportedByPrefixKV
 
 __all__ = ["SERVED", "HiSparseSeam", "hisparse_state", "refuse_the_rest"]
@@ -45,9 +47,9 @@ __all__ = ["SERVED", "HiSparseSeam", "hisparse_state", "refuse_the_rest"]
 SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pending_work",
           "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
           "build_row_mirrors", "get_host_block_pool", "take_host_block_copies",
-          "release_completed_host_copies", "finish_host_import")
-_SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
-          "no external loads (docs/integration.md, \"HiSparse\")")
+          "release_completed_host_copies", "finish_host_import", "complete_host_import")
+_SCOPE = ("prefixkv's HiSparse serves prefix caching off and one resident and one hot group "
+          "(docs/integration.md, \"HiSparse\")")
 
 
 def _refused(name: str) -> NoReturn:
@@ -93,6 +95,7 @@ class HiSparseSeam(HiSparseCoordinator):
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "host_group_id", host_group_id)
         object.__setattr__(self, "_groups", None)
+        object.__setattr__(self, "_known", set())  # the requests vLLM keeps bookkeeping of
 
     def bind(self, groups: Sequence[Any], host_pool: Any) -> None:
         """The manager's group views (source, indexer, resident, hot: hisparse_groups.py)
@@ -129,6 +132,16 @@ class HiSparseSeam(HiSparseCoordinator):
         """The copies in flight, read-only: id -> (request, page)."""
         return self.state.spills.flight
 
+    @property
+    def request_states(self) -> Mapping[str, Any]:
+        """Each request's residency bookkeeping as vLLM's, read-only (hisparse_imports.py's
+        ``RequestStates``)."""
+        return RequestStates(self.state, self._known)
+
+    def forget(self, request_id: str) -> None:  # (not vLLM's)
+        """``request_id`` was freed: it has no bookkeeping any more."""
+        self._known.discard(request_id)
+
     def get_host_block_pool(self) -> Any:
         """The host pool's view (its free count, usage, blocks)."""
         return self._bound("get_host_block_pool")[1]
@@ -141,7 +154,22 @@ class HiSparseSeam(HiSparseCoordinator):
         """Nothing: no host copy is ever handed out (``take_host_block_copies``)."""
 
     def finish_host_import(self, request_id: str, *, failed: bool) -> None:
-        """Nothing: no import is ever pending (the manager refuses external loads)."""
+        """``request_id``'s external load ended (``HiSparseState.finish_import``: done, its
+        whole pages are valid and its tail page's restore is planned); nothing for a
+        request without a pending load."""
+        if self.state.holds(request_id):
+            self.state.finish_import(request_id, failed)
+            if not failed:
+                self._known.add(request_id)
+
+    def complete_host_import(self, request_id: str, num_computed_tokens: int) -> None:
+        """``finish_host_import`` done, for a request whose pending load is of
+        ``num_computed_tokens`` tokens; UnsupportedByPrefixKV for any other (vLLM's would
+        mark host pages valid that no load wrote)."""
+        if self.state.imports.pending.get(request_id) != num_computed_tokens:
+            _refused(f"complete_host_import({request_id!r}, {num_computed_tokens}) without a "
+                     f"pending load of those tokens")
+        self.finish_host_import(request_id, failed=False)
 
     def take_residency_updates(self, request_ids: Iterable[str]) -> dict[str, SparseKVResidencyUpdate]:
         """What the workers lack of each request's resident row: its pages lost since
@@ -150,6 +178,8 @@ class HiSparseSeam(HiSparseCoordinator):
         out = {}
         for request_id in request_ids:
             got = self.state.take_residency(request_id)
+            if self.state.holds(request_id):
+                self._known.add(request_id)
             if got is not None:
                 out[request_id] = SparseKVResidencyUpdate(pages=got[0], block_ids=(got[1],))
         return out
@@ -180,12 +210,15 @@ class HiSparseSeam(HiSparseCoordinator):
         pages unpinned or the hot region asked for (``HiSparseState.advance``)."""
         for request_id, num_tokens in requests:
             self.state.advance(request_id, num_tokens)
+            self._known.add(request_id)
 
     def build_offload_command(self) -> SparseKVOffloadCommand:
-        """The copies planned since the last call, each after the step's forward pass."""
+        """The copies planned since the last call: to host after the step's forward pass,
+        an import's restore from host before it."""
+        restores = self.state.imports.restores
         return SparseKVOffloadCommand(page_transfers=[
             SparseKVPageTransfer(transfer_id=t, host_block_id=host, resident_block_ids=(block,),
-                                 after_forward=True)
+                                 after_forward=t not in restores, restore=t in restores)
             for t, block, host in self.state.take_copies()])
 
     def update_spills(self, enqueued_counts: Mapping[int, int], completed_counts: Mapping[int, int]) -> None:

@@ -200,11 +200,13 @@ class CoordinatorView:
                                    apply_admission_cap: bool = False, prefill_end: int = 0) -> int:
         """vLLM's count for the request (new or not) to cover ``num_tokens`` tokens
         (``HiSparseState.need``; the row capped at the admission window with
-        ``apply_admission_cap``). UnsupportedByPrefixKV for hits, external and encoder
+        ``apply_admission_cap``; when ``total_computed_tokens`` include external ones,
+        an import's: ``HiSparseState.need``). UnsupportedByPrefixKV for hits, encoder
         tokens, and a new request with computed tokens (a host prefix)."""
         state = self._manager.state
-        external = total_computed_tokens > num_local_computed_tokens
-        if any(new_computed_blocks) or num_encoder_tokens or external \
+        if any(new_computed_blocks) or num_encoder_tokens \
                 or (num_local_computed_tokens and not state.holds(request_id)):
-            refused("hits, host prefixes, external or encoder tokens")
+            refused("hits, host prefixes or encoder tokens")
+        if total_computed_tokens > num_local_computed_tokens:
+            return state.need(request_id, num_tokens, imported=total_computed_tokens)
         return state.need(request_id, num_tokens, cap=apply_admission_cap)

@@ -31,7 +31,9 @@ from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
 
 from .hisparse import HiSparseSeam, hisparse_state, refuse_the_rest
+from .hisparse_blocks import pool_blocks
 from .hisparse_groups import HOST, RESIDENT, CoordinatorView, DevicePoolView, HostPoolView, refused
+from .hisparse_imports import load_slots
 from .manager import KVCacheManager
 
 __all__ = ["HiSparseKVCacheManager"]
@@ -95,8 +97,8 @@ class HiSparseKVCacheManager(KVCacheManager):
         self.retained_hit_group_ids = (HOST,)  # (vLLM's: the source group retains longer hits)
         self.watermark_blocks = int(o["watermark"] * kv_cache_config.num_blocks)
         self.state = state
-        self._device = [KVCacheBlock(i, is_null=not i) for i in range(kv_cache_config.num_blocks)]
-        self._host = [KVCacheBlock(i, is_null=not i) for i in range(len(state.host.blocks))]
+        self._device = pool_blocks(state, host=False)  # (ref_cnt read live: hisparse_blocks.py)
+        self._host = pool_blocks(state, host=True)
         self.empty_kv_cache_blocks = KVCacheBlocks(((), (), (), ()))
         self.block_pool = DevicePoolView(state, self._device)  # type: ignore[assignment]
         self.host_pool = HostPoolView(state, self._host, "the host pool")
@@ -211,9 +213,13 @@ class HiSparseKVCacheManager(KVCacheManager):
                         ("reserved_blocks", reserved_blocks)):
             check_count(name, n, 0, None)
         hit = a["new_computed_blocks"]
-        if a["num_new_computed_tokens"] or a["num_external_computed_tokens"] \
-                or a["num_encoder_tokens"] or (hit is not None and any(hit.blocks)):
-            refused("hits, external (connector) or encoder tokens in allocate_slots")
+        if a["num_new_computed_tokens"] or a["num_encoder_tokens"] or (hit is not None and any(hit.blocks)):
+            refused("hits or encoder tokens in allocate_slots")
+        if a["num_external_computed_tokens"]:  # (an external load: hisparse_imports.py)
+            return load_slots(self, request, num_new_tokens, a)
+        failed = self.state.imports.failed
+        if failed and request.request_id in failed:
+            refused(f"a step of {request.request_id!r}, whose external load failed (free it)")
         if request.num_computed_tokens and not self.state.holds(request.request_id):
             refused(f"a request holding no blocks with {request.num_computed_tokens} computed tokens "
                     f"(a host prefix) in allocate_slots")
@@ -248,6 +254,7 @@ class HiSparseKVCacheManager(KVCacheManager):
         until confirmed). A request holding none: nothing happens."""
         if self._rows.pop(request.request_id, None) is not None:
             self.state.free(request.request_id)
+            self.seam.forget(request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Refused (UnsupportedByPrefixKV, nothing changed): a HiSparse request's pages
