@@ -74,6 +74,17 @@ class UnpinPool(BlockPool):
                                "reader still reads")
         self._watchers[block.block_id] = _nobody
 
+    def repin(self, block: Block) -> None:
+        """Hold unpinned ``block`` again (out of the free queue, its watcher dropped, as
+        vLLM's ``BlockPool.touch`` takes a free block back): a hit adopts it. RequestError,
+        with nothing changed, unless it is an unpinned block of this pool."""
+        if not isinstance(block, Block) or block.block_id not in self._watchers \
+                or self.blocks[block.block_id] is not block:
+            raise RequestError(f"repin: {block!r} is not an unpinned block of this pool")
+        del self._watchers[block.block_id]
+        self._cached.remove(block)
+        block.refs = 1
+
     def _reused(self, blocks: list[Block]) -> None:
         """Tell each of ``blocks``' watchers, once, in order (their pages are lost)."""
         watchers = self._watchers

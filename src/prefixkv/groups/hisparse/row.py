@@ -10,7 +10,8 @@ held) unpins, and never its last ``TAIL`` pages.
 ``ready`` is the length of the prefix whose host copy is valid (CLEAN, UNPINNED or
 HOST). The rules are vLLM 0.33's (``v1/hisparse/coordinator.py``), written here and
 checked against tests/engines/hisparse_model.py by tests/engines/test_hisparse_row.py.
-Scope: the reference's. Pages come from steps; none come from hits or imports. The row
+Pages come from steps, or start HOST from a hit on the host prefix (``start_host``; a
+HOST page may be ``adopt``ed back from a GPU copy); none come from imports. The row
 decides, and the pool and the transfers are its caller's. Caller mistakes raise
 RequestError before any change.
 """
@@ -86,6 +87,19 @@ class ResidentRow:
     def grow(self, n: int) -> None:
         """Append ``n`` DIRTY pages (a step's new GPU pages)."""
         self._states += [DIRTY] * check_count("n", n, 0, None)
+
+    def start_host(self, n: int) -> None:
+        """An empty row starts with ``n`` HOST pages: a hit on the host prefix (valid,
+        read from host until a GPU copy is adopted)."""
+        if self._states:
+            raise RequestError(f"a row of {len(self._states)} pages cannot start with a hit")
+        self._states = [HOST] * check_count("n", n, 0, None)
+        self.ready = n
+
+    def adopt(self, page: int) -> None:
+        """A HOST page is read from a GPU copy of its content again: CLEAN (held)."""
+        self._expect(page, HOST, "adopt")
+        self._states[page] = CLEAN
 
     def hold_hot(self) -> None:
         """The request took its hot region: it may read from host from now on."""
@@ -167,5 +181,6 @@ class ResidentRow:
         off_gpu = [p for p, s in enumerate(states) if s in (UNPINNED, HOST)]
         if off_gpu and not self.hot:
             raise InvariantError(f"pages {off_gpu} unpinned or lost without a hot region")
-        if off_gpu and off_gpu[-1] >= n - TAIL:
-            raise InvariantError(f"page {off_gpu[-1]} of {n} unpinned among the last {TAIL}")
+        unpinned = [p for p in off_gpu if states[p] == UNPINNED]
+        if unpinned and unpinned[-1] >= n - TAIL:  # (a HOST page there came from a hit)
+            raise InvariantError(f"page {unpinned[-1]} of {n} unpinned among the last {TAIL}")

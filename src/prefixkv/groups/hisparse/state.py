@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from ...core.block import Block, blocks_for
-from ...core.pool import BlockPool
+from ...core.pool import BlockPool, PoolIndex
 from ...core.pool_unpin import UnpinPool
 from ...errors import InvariantError, RequestError, check_count
 from ...index import NoIndex
@@ -63,13 +63,34 @@ class HiSparseState:
         self.window = check_count("window", window, 1, None)
         self.reprefill = check_count("reprefill", reprefill, 0, None)
         self.watermark = max(hot_blocks, num_blocks // 10)  # (vLLM's, against the free count)
-        self.device = UnpinPool(num_blocks, NoIndex())
-        self.host = BlockPool(host_blocks, NoIndex())
+        self.device = UnpinPool(num_blocks, self._new_index())
+        self.host = BlockPool(host_blocks, self._new_index())
         self.nulls = (self.device.take(1)[0], self.host.take(1)[0])
         self.spills = Spills(max_pages)
         self._requests: dict[Hashable, _Request] = {}
         self._unpinned: dict[int, tuple[Hashable, int]] = {}  # block id -> (request, page)
         self._orphans: dict[int, tuple[Block, Block]] = {}  # copy id -> its blocks
+
+    def _new_index(self) -> PoolIndex:
+        """The index of each pool's content: none (caching off; cache.py's subclass has one)."""
+        return NoIndex()
+
+    # the subclass's hooks (cache.py): nothing to do with caching off
+    def _adopt(self, key: Hashable) -> None:
+        """``key``'s step is scheduled, its copies planned: its hit pages adopt GPU copies."""
+
+    def _let_go(self, block: Block) -> None:
+        """A freed request's unpinned ``block`` is no one's to read any more."""
+        self.device.forget(block)
+
+    def _orphan_done(self, tid: int) -> None:
+        """Copy ``tid`` of a freed request is confirmed (before its host block goes)."""
+
+    def _confirmed(self, keys: set[Hashable]) -> None:
+        """Copies of the live requests ``keys`` were confirmed (their rows are updated)."""
+
+    def _leaving(self, key: Hashable) -> None:
+        """``key`` is being freed: it holds its blocks and rows still."""
 
     def _get(self, key: Hashable) -> _Request:
         r = self._requests.get(key)
@@ -150,14 +171,21 @@ class HiSparseState:
         and one that does not asks for its hot region when the pool runs low or the row
         holds its window."""
         r = self._get(key)
-        sealed = min(max(total - self.reprefill, 0) // self.block_size, len(r.row))
-        self.spills.plan(key, r.row.plan(sealed, self.spills.budget))
+        self.plan(key, max(total - self.reprefill, 0))
+        self._adopt(key)
         if not r.row.hot:
             if r.row.asks_for_hot(self.device.num_free, self.watermark, self.window):
                 r.hot_required = True
             return
         for page in r.row.unpinnable():
             self._unpin(key, r, page)
+
+    def plan(self, key: Hashable, tokens: int) -> None:
+        """Plan copies of ``key``'s DIRTY pages that its first ``tokens`` tokens seal
+        (within the budget; vLLM's ``plan_prefix_materialization``)."""
+        r = self._get(key)
+        sealed = min(check_count("tokens", tokens, 0, None) // self.block_size, len(r.row))
+        self.spills.plan(key, r.row.plan(sealed, self.spills.budget))
 
     def _unpin(self, key: Hashable, r: _Request, page: int) -> None:
         block = r.blocks[page]
@@ -222,12 +250,14 @@ class HiSparseState:
             self.device.free([self._orphans[tid][0]])
         for tid in done:
             if tid in self._orphans:
+                self._orphan_done(tid)
                 self.host.free([self._orphans.pop(tid)[1]])
                 continue
             key, page = owners[tid]
             r = self._requests[key]
             if r.row.confirm(page):
                 self._unpin(key, r, page)
+        self._confirmed({owners[t][0] for t in done if owners[t][0] is not None} & self._requests.keys())
         return done
 
     def free(self, key: Hashable) -> None:
@@ -237,17 +267,18 @@ class HiSparseState:
         host row, then group by group: the indexer's, the row's dirty pages, the hot
         region (each tail first)."""
         r = self._get(key)
+        self._leaving(key)
         for page in r.row.pages(UNPINNED):
             block = r.blocks[page]
             assert block is not None
             del self._unpinned[block.block_id]
-            self.device.forget(block)
+            self._let_go(block)
         clean = [r.blocks[p] for p in reversed(r.row.pages(CLEAN))]
         split = r.row.free()
         for block in clean:
             assert block is not None
             self.device.unpin([block], self._reused)
-            self.device.forget(block)
+            self._let_go(block)
         busy = set(split.kept)
         for tid in self.spills.detach(key):
             page = self.spills.page_of(tid)[1]

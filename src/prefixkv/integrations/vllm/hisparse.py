@@ -36,6 +36,8 @@ from vllm.v1.hisparse.types import (
 from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KVCacheConfig, KVCacheGroupRole
 
 from prefixkv.core.block import blocks_for
+from prefixkv.errors import check_count
+from prefixkv.groups.hisparse.cache import HiSparseCache
 from prefixkv.groups.hisparse.state import HiSparseState
 
 from .layout import UnsupportedByPrefixKV
@@ -72,15 +74,14 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     host = kv_cache_config.hisparse_host_num_blocks
     if host is None:
         _refused("a HiSparse layout without a host pool (hisparse_host_num_blocks)")
-    if enable_caching:
-        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     bs = sizes.pop()
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
     hot = specs[3]
     assert isinstance(hot, HiSparseHotSpec)
-    return HiSparseState(kv_cache_config.num_blocks, host, hot.blocks_per_request, bs,
-                         blocks_for(min(in_flight, max_model_len), bs), max_model_len // bs,
-                         max(num_prefill_lookahead - 1, 0))
+    kind = HiSparseCache if enable_caching else HiSparseState
+    return kind(kv_cache_config.num_blocks, host, hot.blocks_per_request, bs,
+                blocks_for(min(in_flight, max_model_len), bs), max_model_len // bs,
+                max(num_prefill_lookahead - 1, 0))
 
 
 class HiSparseSeam(HiSparseCoordinator):
@@ -128,6 +129,41 @@ class HiSparseSeam(HiSparseCoordinator):
     def pending_spills(self) -> Mapping[int, Any]:
         """The copies in flight, read-only: id -> (request, page)."""
         return self.state.spills.flight
+
+    @property
+    def copies(self) -> dict[bytes, tuple[Any, ...]]:
+        """The GPU copies of published host pages, a snapshot: host hash -> (its device
+        block,) (empty with caching off)."""
+        state, blocks = self.state, self._bound("copies")[0][2].block_pool.blocks
+        return {h: (blocks[b.block_id],) for h, b in getattr(state, "copies", {}).items()}
+
+    @property
+    def spills_to_send(self) -> list[int]:
+        """The copies planned and not yet sent, a snapshot: their ids."""
+        return list(self.state.spills.to_send)
+
+    @property
+    def max_spill_pages(self) -> int:
+        """The most copies planned and not yet sent (may be set)."""
+        return self.state.spills.max_pages
+
+    @max_spill_pages.setter
+    def max_spill_pages(self, n: int) -> None:
+        self.state.spills.max_pages = check_count("max_spill_pages", n, 0, None)
+
+    @property
+    def gpu_pool(self) -> Any:
+        """The device pool's view."""
+        return self._bound("gpu_pool")[0][2].block_pool
+
+    @property
+    def transition_watermark(self) -> int:
+        """The free count below which a row asks for its hot region."""
+        return self.state.watermark
+
+    def plan_prefix_materialization(self, request_id: str, num_computed_tokens: int) -> None:
+        """Plan copies of the request's pages its first tokens seal (``HiSparseState.plan``)."""
+        self.state.plan(request_id, num_computed_tokens)
 
     def get_host_block_pool(self) -> Any:
         """The host pool's view (its free count, usage, blocks)."""
@@ -218,7 +254,8 @@ class HiSparseSeam(HiSparseCoordinator):
     def __setattr__(self, name: str, value: Any) -> None:
         """Only a call of the class may be replaced (a test's monkeypatch); setting any
         other attribute (vLLM's state) raises UnsupportedByPrefixKV naming it."""
-        if not callable(getattr(type(self), name, None)):
+        kind = getattr(type(self), name, None)
+        if not callable(kind) and not (isinstance(kind, property) and kind.fset is not None):
             _refused(f"setting {name}")
         object.__setattr__(self, name, value)
 

@@ -166,6 +166,12 @@ class HotGroupView(_GroupView):
         state = self._hisparse.state
         return state.holds(request_id) and len(state.request(request_id)[3]) == state.hot_blocks
 
+    @property
+    def hot_required(self) -> frozenset[str]:
+        """The live requests asked to take their hot region (a snapshot)."""
+        state = self._hisparse.state
+        return frozenset(r for r in self._hisparse.live_request_ids() if state.request(r)[4])
+
     def require_hot(self, request_id: str) -> None:
         """The live request takes its hot region with its next allocation. Raises
         UnsupportedByPrefixKV for a request holding no blocks (nothing changed)."""

@@ -61,14 +61,29 @@ def _bind(call: str, names: tuple[tuple[str, Any], ...], args: tuple[Any, ...], 
     known.update(kwargs)
     return known
 
+def hisparse_class(args: tuple[Any, ...], kwargs: dict[str, Any]) -> type[KVCacheManager]:
+    """The HiSparse manager class for ``KVCacheManager(*args, **kwargs)``: caching on
+    (hisparse_cache.py's) or off."""
+    if kwargs.get("enable_caching", args[5] if len(args) > 5 else True):
+        from .hisparse_cache import HiSparseCachingKVCacheManager
+        return HiSparseCachingKVCacheManager
+    return HiSparseKVCacheManager
+
+
 class HiSparseKVCacheManager(KVCacheManager):
     """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
-    plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state."""
+    plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state;
+    ``caching``: whether the class serves prefix caching on (hisparse_cache.py's does)."""
+
+    caching = False
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, *args: Any, **kwargs: Any) -> None:
         """The base class's arguments (by position or by name: ``KVCacheManager.__init__``)."""
         o = _bind("KVCacheManager", _OPTIONS, args, kwargs)
+        if bool(o["enable_caching"]) != self.caching:
+            refused(f"enable_caching={o['enable_caching']!r} in {type(self).__name__} (KVCacheManager "
+                    "picks the HiSparse class that serves it)")
         state = hisparse_state(kv_cache_config, max_model_len, enable_caching=o["enable_caching"],
                                max_in_flight_tokens=o["max_in_flight_tokens"],
                                num_prefill_lookahead=o["num_prefill_lookahead"])
