@@ -155,7 +155,7 @@ class HiSparseCache(HiSparseState):
         index = self._index("device")
         for j in range(p.indexer, n):
             if r.indexer[j].key is None:
-                index.record(r.indexer[j], p.hashes[j])
+                index.record(r.indexer[j], p.hashes[j], j)
         p.indexer = max(p.indexer, n)
         p.wish = (tokens, tokens // self.block_size)
         self._publish(key)
@@ -170,7 +170,7 @@ class HiSparseCache(HiSparseState):
         index = self._index("host")
         for j in range(p.host, n):
             if r.host[j].key is None:
-                index.record(r.host[j], p.hashes[j])
+                index.record(r.host[j], p.hashes[j], j)
         p.host = max(p.host, n)
         for page in range(p.recorded, n):
             block, h = r.blocks[page], r.host[page].key
@@ -258,16 +258,37 @@ class HiSparseCache(HiSparseState):
         index = self._index("host")
         for j in range(d.cached, min(ready, d.pages, len(d.hashes))):
             if d.blocks[j].key is None:
-                index.record(d.blocks[j], d.hashes[j])
+                index.record(d.blocks[j], d.hashes[j], j)
         self.host.free(reversed(d.blocks))
+
+    def in_flight(self) -> tuple[set[int], set[int]]:
+        """The device and host block ids of the live requests' copies in flight (vLLM
+        counts a reference for each such copy on both blocks)."""
+        device, host = set(), set()
+        for key, page in self.spills.flight.values():
+            r = self._requests.get(key) if key is not None else None
+            block = None if r is None else r.blocks[page]
+            if r is not None and block is not None:
+                device.add(block.block_id)
+                host.add(r.host[page].block_id)
+        return device, host
+
+    def page_of(self, pool: str, block_id: int) -> int | None:
+        """The page whose hash ``pool``'s block ``block_id`` holds, None when it holds none."""
+        return self._index(pool).page_of(self.host.blocks[block_id] if pool == "host"
+                                         else self.device.blocks[block_id])
 
     # ---- reset, eviction, checks ----------------------------------------------------------
 
     def reset(self) -> bool:
         """Drop each pool's cached content where none of its blocks is in use (both are
         tried); whether both did. The GPU copies go with the device pool's."""
-        device, host = self.device.reset(), self.host.reset()
-        return device and host
+        done = []
+        for pool, null in zip((self.device, self.host), self.nulls, strict=True):
+            pool.free([null])  # (back first in the free order, taken back at once)
+            done.append(pool.reset())
+            pool.take(1)
+        return all(done)
 
     def evict(self, block_ids: Sequence[int]) -> None:
         """The device blocks ``block_ids`` hold no findable content from now on (a free one

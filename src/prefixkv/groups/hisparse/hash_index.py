@@ -17,10 +17,11 @@ __all__ = ["HashIndex"]
 class HashIndex:
     """Hash -> the blocks holding it, in the order recorded (module doc)."""
 
-    __slots__ = ("_blocks",)
+    __slots__ = ("_blocks", "_pages")
 
     def __init__(self) -> None:
         self._blocks: dict[bytes, dict[int, Block]] = {}
+        self._pages: dict[int, int] = {}  # block id -> the page its hash ends
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -30,10 +31,15 @@ class HashIndex:
         found = self._blocks.get(key)
         return None if found is None else next(iter(found.values()))
 
-    def record(self, block: Block, key: bytes) -> None:
-        """``block`` (held, holding no hash) holds ``key`` from now on."""
+    def page_of(self, block: Block) -> int | None:
+        """The page (0: the first) whose hash ``block`` holds, None when it holds none."""
+        return None if block.key is None else self._pages[block.block_id]
+
+    def record(self, block: Block, key: bytes, page: int) -> None:
+        """``block`` (held, holding no hash) holds ``key``, page ``page``'s, from now on."""
         assert block.key is None and block.refs, block
         block.key = key
+        self._pages[block.block_id] = page
         self._blocks.setdefault(key, {})[block.block_id] = block
 
     def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
@@ -52,6 +58,7 @@ class HashIndex:
         del found[block.block_id]
         if not found:
             del self._blocks[key]
+        del self._pages[block.block_id]
         block.clear_content()
 
     def release_spare(self, block: Block) -> Block | None:
@@ -61,6 +68,7 @@ class HashIndex:
     def clear(self) -> None:
         """Forget every hash (the pool cleared its blocks' keys)."""
         self._blocks.clear()
+        self._pages.clear()
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         """The first block whose hash the index does not name it under (or the reverse),

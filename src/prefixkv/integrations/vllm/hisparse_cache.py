@@ -21,16 +21,48 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 from vllm.v1.request import Request, RequestStatus
 
 from prefixkv.core.block import Block
 from prefixkv.errors import RequestError, check_count
 from prefixkv.groups.hisparse.cache import HiSparseCache
 
+from .block_objects import PoolBlock
 from .hisparse_groups import HOST, INDEXER, RESIDENT, refused
 from .hisparse_manager import _SLOTS, HiSparseKVCacheManager, _bind
 
 __all__ = ["HiSparseCachingKVCacheManager"]
+
+
+class _Counts:
+    """vLLM's ``ref_cnt`` and hash of one pool's blocks (block_objects.py's ``PoolBlock``
+    reads them): prefixkv's count, and one more while a live request's copy is in flight
+    (vLLM's copy holds its blocks); the hash of the page the block holds (group ``group``'s:
+    the host pool's is the source group's, the device pool's the indexer's)."""
+
+    def __init__(self, state: HiSparseCache, group: int) -> None:
+        self._state, self._group = state, group
+        self._pool = "host" if group == HOST else "device"
+
+    def refs(self, core_id: int) -> int:
+        pool = self._state.host if self._group == HOST else self._state.device
+        return pool.blocks[core_id].ref_cnt + (core_id in self._state.in_flight()[self._group == HOST])
+
+    def hash_entry(self, core_id: int) -> tuple[bytes, int] | None:
+        page = self._state.page_of(self._pool, core_id)
+        if page is None:
+            return None
+        pool = self._state.host if self._group == HOST else self._state.device
+        key = pool.blocks[core_id].key
+        assert isinstance(key, bytes)
+        return make_block_hash_with_group_id(BlockHash(key), self._group), (page + 1) * self._state.block_size
+
+    def gone(self, request: Any, ids: Any) -> None:
+        """Nothing: the hashes are prefixkv's index's."""
+
+    def keeping(self) -> bool:
+        return False
 
 
 class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
@@ -43,6 +75,9 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
         """The base class's arguments (``enable_caching`` true)."""
         super().__init__(*args, **kwargs)
         self.enable_caching = True
+        for group, blocks in ((HOST, self._host), (INDEXER, self._device)):
+            view = _Counts(self.state, group)
+            blocks[1:] = [PoolBlock(i, view.refs, i, view) for i in range(1, len(blocks))]
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
         """Whether the request may read the cache (vLLM's ``skip_reading_prefix_cache``)."""

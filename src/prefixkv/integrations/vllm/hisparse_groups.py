@@ -97,6 +97,21 @@ class DevicePoolView(_PoolView):
         self.taken.update((b.block_id, b) for b in got)
         return [self.blocks[b.block_id] for b in got]
 
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Another user holds these blocks too, until ``free_blocks`` (vLLM's ``touch``: a
+        free one leaves the free queue, its content kept). RequestError, nothing changed,
+        for the null block, an unpinned one, one another user holds, or a repeat."""
+        given = list(blocks)
+        ids = [b.block_id for b in given]
+        device = self._state.device
+        if len(set(ids)) != len(ids) or any(
+                not 0 < i < self.num_gpu_blocks or self.blocks[i] is not b or i in self.taken
+                or i in device.unpinned for i, b in zip(ids, given, strict=True)):
+            raise RequestError(f"cannot touch blocks {ids}: the null block, unpinned ones, ones "
+                               "another user holds, or repeated")
+        got = device.acquire([device.blocks[i] for i in ids], 0)
+        self.taken.update((b.block_id, b) for b in got)
+
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
         RequestError, nothing changed, for any other block."""
