@@ -278,6 +278,9 @@ class HiSparseCache(HiSparseState):
         return self._index(pool).page_of(self.host.blocks[block_id] if pool == "host"
                                          else self.device.blocks[block_id])
 
+    def _held_host(self) -> list[Block]:
+        return [b for d in {id(d): d for d in self._detached.values()}.values() for b in d.blocks]
+
     # ---- reset, eviction, checks ----------------------------------------------------------
 
     def reset(self) -> bool:

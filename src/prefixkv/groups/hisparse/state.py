@@ -92,6 +92,10 @@ class HiSparseState:
     def _leaving(self, key: Hashable) -> None:
         """``key`` is being freed: it holds its blocks and rows still."""
 
+    def _held_host(self) -> list[Block]:
+        """The host blocks held outside the requests and their copies (for the checks)."""
+        return []
+
     def _get(self, key: Hashable) -> _Request:
         r = self._requests.get(key)
         if r is None:
@@ -134,9 +138,10 @@ class HiSparseState:
 
     def reclaims(self) -> bool:
         """Whether a copy in flight gives blocks back once confirmed: a freed request's
-        (its device and host blocks), or one of a row that reads from host (its page is
-        unpinned then)."""
-        return any(k is None or self._requests[k].row.hot for k in self.spills.owners())
+        whose host block no one else holds (vLLM's test: the copy's the one reference),
+        or one of a row that reads from host (its page is unpinned then)."""
+        return any(self._orphans[t][1].ref_cnt == 1 if k is None else self._requests[k].row.hot
+                   for t, (k, _) in self.spills.flight.items())
 
     def allocate(self, key: Hashable, total: int, full: int = 0) -> bool:
         """Give ``key`` (admitted if new) the blocks of ``total`` tokens, all or nothing;
@@ -297,6 +302,8 @@ class HiSparseState:
         for b in others:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         host_refs: dict[int, int] = {self.nulls[1].block_id: 1}
+        for b in self._held_host():
+            host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
         for r in self._requests.values():
             r.row.check_invariants()
             if not len(r.blocks) == len(r.row) == len(r.indexer) <= len(r.host):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlockCopy, make_block_hash_with_group_id
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
 from vllm.v1.hisparse.types import (
     SparseKVOffloadCommand,
@@ -132,10 +132,11 @@ class HiSparseSeam(HiSparseCoordinator):
 
     @property
     def copies(self) -> dict[bytes, tuple[Any, ...]]:
-        """The GPU copies of published host pages, a snapshot: host hash -> (its device
-        block,) (empty with caching off)."""
+        """The GPU copies of published host pages, a snapshot: vLLM's host block hash ->
+        (its device block,) (empty with caching off)."""
         state, blocks = self.state, self._bound("copies")[0][2].block_pool.blocks
-        return {h: (blocks[b.block_id],) for h, b in getattr(state, "copies", {}).items()}
+        return {make_block_hash_with_group_id(BlockHash(h), self.host_group_id): (blocks[b.block_id],)
+                for h, b in getattr(state, "copies", {}).items()}
 
     @property
     def spills_to_send(self) -> list[int]:

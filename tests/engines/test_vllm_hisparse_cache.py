@@ -1,0 +1,240 @@
+"""prefixkv's plug-in manager on a HiSparse layout with prefix caching on
+(integrations/vllm/hisparse_cache.py over groups/hisparse/cache.py) against vLLM 0.33's
+own manager, side by side: requests of shared prompt stems admitted with the hit both
+find (``get_computed_blocks`` then ``allocate_slots`` with it), stepped and decoded, the
+copies to host confirmed by one or two workers (the host prefix published as it becomes
+durable), freed finished or preempted (a finished one's pages in flight published once
+confirmed), another user taking and giving back device blocks (GPU copies lost), the
+cache reset. After each op every answer must be vLLM's (test_vllm_hisparse_manager.py's
+``compare``, plus each live request's host and indexer hashes and ``ref_cnt``, the hits
+and the GPU copies indexed by host hash), and never a wrong KV: every full computed page
+a live request reads (its host page, its indexer page, its resident page when on the
+device) holds the KV of that request's tokens, tracked here from what each step wrote
+(a block handed out anew holds nothing until written). Then scenarios with exact values,
+and what is refused by name. Needs vllm installed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from . import skip_module_without_vllm
+
+skip_module_without_vllm()
+
+from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
+
+from prefixkv.integrations.vllm import UnsupportedByPrefixKV  # noqa: E402
+
+from .hisparse_model import BS, MAX_LEN  # noqa: E402
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
+from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
+from .test_vllm_hisparse_manager import _ids, _plugin_manager, compare  # noqa: E402
+
+STEMS = (list(range(100, 164)), list(range(500, 532)))  # (two shared prompt stems)
+
+_ADMIT = st.tuples(st.just("admit"), st.integers(0, 2), st.integers(1, 80), st.integers(0, 7))
+_CONFIRM = st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1))
+_FREE = st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7))
+OPS = st.lists(st.one_of(  # (admissions, confirmations and frees weighed up: hits need all three)
+    _ADMIT, _ADMIT, _ADMIT, _CONFIRM, _CONFIRM, _FREE, _FREE,
+    st.tuples(st.just("step"), st.integers(0, 2), st.integers(1, 48), st.integers(0, 3)),
+    st.tuples(st.just("decode"), st.integers(0, 2), st.integers(1, 3), st.just(0)),
+    st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1)),
+    st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
+    st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.just(0)),
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0))), min_size=8, max_size=40)
+
+
+def _prompt(k: int, variant: int) -> list[int]:
+    """A prompt of stem ``variant % 2``, cut at one of a few lengths, with a tail of its own."""
+    stem = STEMS[variant % 2]
+    return stem[:len(stem) - 16 * (variant // 2 % 3)] + [9000 + 37 * k + variant + j for j in range(5 + k)]
+
+
+class Written:
+    """Which request page's KV each block of one side holds (pool, block id -> the page's
+    block hash): set by the steps that compute full pages, None for a block handed out
+    anew (module doc)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[tuple[int, int], bytes | None] = {}
+
+    def handed_out(self, blocks: Any) -> None:
+        for g, group in enumerate(blocks.get_block_ids() if blocks is not None else ()):
+            for i in group:
+                self.kv[(g == 0, i)] = None
+
+    def computed(self, m: Any, req: Any, start: int, end: int) -> None:
+        host, indexer, _, _ = m.get_block_ids(req.request_id)
+        row = get_hisparse_coordinator(m).resident_managers[0].get_residency_row(req.request_id)
+        for page in range(start // BS, min(end // BS, len(req.block_hashes))):
+            h = req.block_hashes[page]
+            self.kv[(True, host[page])] = self.kv[(False, indexer[page])] = h
+            if not row[page].is_null:
+                self.kv[(False, row[page].block_id)] = h
+
+    def check(self, m: Any, req: Any) -> None:
+        """Every full computed page ``req`` reads holds its own KV."""
+        rid = req.request_id
+        host, indexer, _, _ = m.get_block_ids(rid)
+        row = get_hisparse_coordinator(m).resident_managers[0].get_residency_row(rid)
+        for page in range(min(req.num_computed_tokens // BS, len(req.block_hashes), len(host))):
+            h = req.block_hashes[page]
+            reads = [(True, host[page]), (False, indexer[page])]
+            reads += [] if row[page].is_null else [(False, row[page].block_id)]
+            for at in reads:
+                assert self.kv.get(at) == h, f"{rid} page {page} reads {at}, which holds other KV"
+
+
+@pytest.fixture(autouse=True)
+def _none_hash() -> None:
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+
+
+def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: int,
+                 ops: list[tuple[str, int, int, int]]) -> set[str]:
+    """vLLM's manager and prefixkv's, caching on, driven alike (module doc). An op:
+    ``admit`` request slot ``a`` (a new request of prompt variant ``f``) with its hit and
+    ``n`` tokens more; ``step`` a live request by ``n`` (flag 1: the whole request must
+    fit, 2: with 2 reserved blocks); ``decode`` one token after ``n`` output tokens;
+    ``confirm`` the copies of mask ``a`` (two workers, one completing, when ``f``);
+    ``free`` slot ``a``, finished when ``n`` else preempted (the slot's next request is
+    of variant ``f``); ``reset``; another user's ``take`` of ``a`` blocks, ``give_back``."""
+    from vllm.v1.request import RequestStatus
+
+    kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "enable_caching": True,
+          "num_prefill_lookahead": reprefill + 1}
+    cfg = hisparse_config(num_blocks, host_blocks)
+    sides = vllm_manager(cfg, **kw), _plugin_manager(cfg, **kw)
+    coordinators = [get_hisparse_coordinator(m) for m in sides]
+    written = Written(), Written()
+    reqs: list[Any] = [None, None, None]
+    live: list[bool] = [False, False, False]
+    seen: set[str] = set()
+    taken: list[list[Any]] = [[], []]
+    for i, (op, a, n, f) in enumerate(ops):
+        if op == "admit" and not live[a]:
+            req = reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
+            hits = [m.get_computed_blocks(req) for m in sides]
+            assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), (op, a, f)
+            blocks, hit, _ = hits[0]
+            n = min(n, req.num_tokens - hit)
+            args = [dict(num_new_computed_tokens=hit, new_computed_blocks=h[0]) if hit else {} for h in hits]
+            try:
+                got1 = sides[1].allocate_slots(req, n, **args[1])
+            except UnsupportedByPrefixKV as e:
+                assert "another live request reads" in str(e)
+                seen.add("shared copy refused")
+                continue
+            got0 = sides[0].allocate_slots(req, n, **args[0])
+            assert _ids(got1) == _ids(got0), (op, a, n, hit)
+            seen.add("hit" if hit else "no hit")
+            if got0 is not None:
+                live[a] = True
+                _stepped(sides, coordinators, written, req, got0, got1, hit + n, hit)
+                req.status = RequestStatus.RUNNING
+                row = coordinators[0].resident_managers[0].get_residency_row(req.request_id)
+                if any(not b.is_null for b in row[:hit // BS]):
+                    seen.add("adopted")
+        elif op in ("step", "decode") and live[a]:
+            req = reqs[a]
+            if op == "decode":
+                if req.num_computed_tokens < req.num_tokens or req.num_tokens + n > MAX_LEN:
+                    continue
+                req.append_output_token_ids(list(range(n)))
+                n = 1
+            n = min(n, req.num_tokens - req.num_computed_tokens)
+            if n <= 0:
+                continue
+            args = dict(full_sequence_must_fit=bool(f & 1), reserved_blocks=2 if f & 2 else 0)
+            got = [m.allocate_slots(req, n, **args) for m in sides]
+            assert _ids(got[1]) == _ids(got[0]), (op, a, n, args)
+            if got[0] is not None:
+                _stepped(sides, coordinators, written, req, got[0], got[1], req.num_computed_tokens + n,
+                         req.num_computed_tokens)
+            seen.add("stepped" if got[0] is not None else "refused")
+        elif op == "confirm":
+            sent = [c.build_offload_command().page_transfers for c in coordinators]
+            assert sent[1] == sent[0]
+            chosen = [t for k, t in enumerate(sorted(coordinators[0].pending_spills)) if a >> (k % 16) & 1]
+            for c in coordinators:
+                c.update_spills({t: 2 if f else 1 for t in chosen}, {t: 1 for t in chosen})
+        elif op == "free" and live[a]:
+            reqs[a].status = RequestStatus.FINISHED_STOPPED if n else RequestStatus.PREEMPTED
+            for m in sides:
+                m.free(reqs[a])
+            live[a] = False
+            seen.add("freed finished" if n else "freed preempted")
+        elif op == "reset":
+            done = sides[0].reset_prefix_cache()
+            assert sides[1].reset_prefix_cache() == done
+            seen.add(f"reset {done}")
+        elif op == "take":
+            k = min(a, sides[0].block_pool.get_num_free_blocks())
+            for side, m in enumerate(sides):
+                got = m.block_pool.get_new_blocks(k)
+                taken[side] += got
+                written[side].handed_out(type("B", (), {"get_block_ids": lambda s, g=got: ([], [
+                    b.block_id for b in g])})())
+            assert [b.block_id for b in taken[1]] == [b.block_id for b in taken[0]]
+        elif op == "give_back":
+            for side, m in enumerate(sides):
+                m.block_pool.free_blocks(taken[side])
+            taken = [[], []]
+        _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written)
+        sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()))
+        if coordinators[0].copies:
+            seen.add("copies")
+    return seen
+
+
+def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, got1: Any, total: int,
+             start: int) -> None:
+    for side, (m, c, got) in enumerate(zip(sides, coordinators, (got0, got1), strict=True)):
+        written[side].handed_out(got)
+        c.advance_scheduled([(req.request_id, total)])
+        written[side].computed(m, req, start, total)
+    req.num_computed_tokens = total
+
+
+def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any) -> None:
+    compare(sides[0], sides[1], coordinators, reqs)
+    for req in reqs:
+        blocks = [m.get_blocks(req.request_id).blocks for m in sides]
+        for g in (0, 1):
+            assert [(b.block_hash, b.ref_cnt) for b in blocks[1][g]] == \
+                [(b.block_hash, b.ref_cnt) for b in blocks[0][g]], (req.request_id, g)
+        for side, m in enumerate(sides):
+            written[side].check(m, req)
+    copies = [{h: [b.block_id for b in bs] for h, bs in c.copies.items()} for c in coordinators]
+    assert copies[1] == copies[0]
+
+
+def test_a_hit_adopts_the_copies_that_survive_as_vllm() -> None:
+    """A request published whole and freed; another of the same stem hits its host prefix
+    and adopts its GPU copies; one more hits while that one runs (a shared copy: refused by
+    name); a request freed finished with copies in flight publishes them once confirmed;
+    another user takes the pool's free blocks (copies lost), the next hit reads from host."""
+    every = 2**16 - 1
+    seen = side_by_side(40, 32, MAX_LEN, 0, [
+        ("admit", 0, 64, 0), ("confirm", every, 0, 0), ("free", 0, 1, 0), ("admit", 1, 64, 0),
+        ("admit", 2, 8, 0), ("confirm", every, 0, 0), ("step", 1, 8, 0), ("free", 1, 1, 2),
+        ("admit", 0, 32, 1), ("free", 0, 1, 1), ("confirm", every, 0, 0), ("take", 8, 0, 0),
+        ("take", 8, 0, 0), ("admit", 0, 16, 0), ("give_back", 0, 0, 0), ("reset", 0, 0, 0)])
+    assert {"hit", "no hit", "adopted", "freed finished", "shared copy refused", "copies"} <= seen, seen
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(12, 40), host_blocks=st.integers(8, 32),
+       in_flight=st.sampled_from([32, 64, MAX_LEN]), reprefill=st.sampled_from([0, 0, 2]), ops=OPS)
+def test_random_streams_answer_as_vllm(num_blocks: int, host_blocks: int, in_flight: int, reprefill: int,
+                                       ops: list[tuple[str, int, int, int]]) -> None:
+    side_by_side(num_blocks, host_blocks, in_flight, reprefill, ops)
