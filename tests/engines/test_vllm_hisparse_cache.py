@@ -40,14 +40,14 @@ _ADMIT = st.tuples(st.just("admit"), st.integers(0, 2), st.integers(1, 80), st.i
 _CONFIRM = st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1))
 _FREE = st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7))
 OPS = st.lists(st.one_of(  # (admissions, confirmations and frees weighed up: hits need all three)
-    _ADMIT, _ADMIT, _ADMIT, _CONFIRM, _CONFIRM, _FREE, _FREE,
+    _ADMIT, _ADMIT, _ADMIT, _ADMIT, _CONFIRM, _CONFIRM, _CONFIRM, _FREE, _FREE, _FREE,
     st.tuples(st.just("step"), st.integers(0, 2), st.integers(1, 48), st.integers(0, 3)),
     st.tuples(st.just("decode"), st.integers(0, 2), st.integers(1, 3), st.just(0)),
     st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1)),
     st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.just(0)),
-    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0))), min_size=8, max_size=40)
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0))), min_size=12, max_size=50)
 
 
 def _prompt(k: int, variant: int) -> list[int]:

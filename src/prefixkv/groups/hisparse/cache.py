@@ -10,8 +10,8 @@ unpinned); a hit adopts those that survive at its first step (``advance``), its 
 GPU-resident again. A request finished with copies in flight keeps its host blocks and
 publishes them once every copy is confirmed; a preempted one publishes nothing more.
 
-Served beside a hit: copies no live request reads (``shares_copy`` says when a hit would
-adopt another's; the caller refuses it). The rules are vLLM 0.33's
+A copy a live request reads is adopted too: both rows read the block (held by those that
+pin it, watched for those that unpinned it). The rules are vLLM 0.33's
 (``v1/hisparse/coordinator.py``), checked side by side against vLLM's manager by
 tests/engines/test_vllm_hisparse_cache.py.
 """
@@ -99,16 +99,6 @@ class HiSparseCache(HiSparseState):
                 break
             indexer.append(b)
         return host, indexer
-
-    def shares_copy(self, hashes: Sequence[bytes], pages: int) -> bool:
-        """Whether a hit of ``pages`` pages of ``hashes`` would adopt a GPU copy that a
-        live request reads, holds, or is to adopt (not served: vLLM's rows would share it)."""
-        claimed = {h for k, p in self._pubs.items() if p.adopt for h in p.hashes[:p.adopt]}
-        for h in hashes[:pages]:
-            b = self.copies.get(h)
-            if b is not None and (b.refs or b.block_id in self._unpinned or h in claimed):
-                return True
-        return False
 
     def need_hit(self, tokens: int, host: Sequence[Block], indexer: Sequence[Block], *,
                  cap: bool = False) -> int:
@@ -204,7 +194,7 @@ class HiSparseCache(HiSparseState):
             block = None if r.blocks[page] is not None or h is None else self.copies.get(h)  # type: ignore[arg-type]
             if block is None:
                 continue
-            self.device.repin(block)
+            self.device.hold(block)
             r.blocks[page] = block
             r.row.adopt(page)
             if page < r.synced:
@@ -215,8 +205,7 @@ class HiSparseCache(HiSparseState):
         h = self._copy_of.get(block.block_id)
         if h is not None:
             self._drop_copy(h)
-        if block.block_id in self._unpinned:
-            super()._reused(block)
+        super()._reused(block)
 
     def _let_go(self, block: Block) -> None:
         if block.block_id not in self._copy_of:  # (a copy's watcher drops it when reused)

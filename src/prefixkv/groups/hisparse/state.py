@@ -68,7 +68,7 @@ class HiSparseState:
         self.nulls = (self.device.take(1)[0], self.host.take(1)[0])
         self.spills = Spills(max_pages)
         self._requests: dict[Hashable, _Request] = {}
-        self._unpinned: dict[int, tuple[Hashable, int]] = {}  # block id -> (request, page)
+        self._unpinned: dict[int, set[tuple[Hashable, int]]] = {}  # block id -> (request, page)s
         self._orphans: dict[int, tuple[Block, Block]] = {}  # copy id -> its blocks
 
     def _new_index(self) -> PoolIndex:
@@ -196,19 +196,19 @@ class HiSparseState:
         block = r.blocks[page]
         assert block is not None
         r.row.unpin(page)
-        self._unpinned[block.block_id] = (key, page)
+        self._unpinned.setdefault(block.block_id, set()).add((key, page))
         self.device.unpin([block], self._reused)
 
     def _reused(self, block: Block) -> None:
-        """The device pool handed an unpinned page's block out: the page is read from
-        host from now on."""
-        key, page = self._unpinned.pop(block.block_id)
-        r = self._requests[key]
-        r.row.lose(page)
-        r.blocks[page] = None
-        r.hot_required = True
-        if page < r.synced:
-            r.stale.add(page)
+        """The device pool handed an unpinned block out: the pages that read it (one, or
+        several where a hit adopted it) are read from host from now on."""
+        for key, page in self._unpinned.pop(block.block_id, ()):
+            r = self._requests[key]
+            r.row.lose(page)
+            r.blocks[page] = None
+            r.hot_required = True
+            if page < r.synced:
+                r.stale.add(page)
 
     def require_hot(self, key: Hashable) -> None:
         """``key`` takes its hot region with its next allocation (vLLM's ``require_hot``)."""
@@ -267,23 +267,28 @@ class HiSparseState:
 
     def free(self, key: Hashable) -> None:
         """``key`` goes. Its unpinned pages stay in the pool, no longer its own; its other
-        clean pages are unpinned so (tail first); its copies in flight keep their device
-        and host blocks until confirmed; the rest goes back to the head of each pool, the
-        host row, then group by group: the indexer's, the row's dirty pages, the hot
-        region (each tail first)."""
+        clean pages are unpinned so (tail first; a block another row reads stays watched);
+        its copies in flight keep their device and host blocks until confirmed; the rest
+        goes back to the head of each pool, the host row, then group by group: the
+        indexer's, the row's dirty pages, the hot region (each tail first)."""
         r = self._get(key)
         self._leaving(key)
         for page in r.row.pages(UNPINNED):
             block = r.blocks[page]
             assert block is not None
-            del self._unpinned[block.block_id]
-            self._let_go(block)
+            readers = self._unpinned[block.block_id]
+            readers.discard((key, page))
+            if not readers:
+                del self._unpinned[block.block_id]
+                if not block.refs:
+                    self._let_go(block)
         clean = [r.blocks[p] for p in reversed(r.row.pages(CLEAN))]
         split = r.row.free()
         for block in clean:
             assert block is not None
             self.device.unpin([block], self._reused)
-            self._let_go(block)
+            if not block.refs and block.block_id not in self._unpinned:
+                self._let_go(block)
         busy = set(split.kept)
         for tid in self.spills.detach(key):
             page = self.spills.page_of(tid)[1]

@@ -8,9 +8,8 @@ the hot region taken, GPU copies adopted at the request's first step), the cachi
 finished request's publication held back for its copies in flight, reset and eviction.
 The rest is ``hisparse_manager.HiSparseKVCacheManager``'s.
 
-Refused by name (UnsupportedByPrefixKV, nothing changed): a hit that would adopt a GPU
-copy another live request reads (vLLM's rows would share the block), a hit for a
-request holding blocks, and what the caching-off manager refuses. A hit whose blocks no
+Refused by name (UnsupportedByPrefixKV, nothing changed): a hit for a request holding
+blocks, and what the caching-off manager refuses. A hit whose blocks no
 longer hold the request's hashes raises RequestError (nothing changed): a stale lookup is
 never admitted. Checked against vLLM's manager side by side:
 tests/engines/test_vllm_hisparse_cache.py.
@@ -113,7 +112,7 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
                        ) -> KVCacheBlocks | None:
         """``HiSparseKVCacheManager.allocate_slots``, a hit admitted (``new_computed_blocks``
         with ``num_new_computed_tokens``), then the caching wish up to the tokens scheduled
-        (less the re-prefilled ones) unless ``delay_cache_blocks``."""
+        unless ``delay_cache_blocks``."""
         a = _bind("allocate_slots", _SLOTS, args, kwargs)
         hit, k_tokens = a["new_computed_blocks"], a["num_new_computed_tokens"]
         if k_tokens or (hit is not None and any(hit.blocks)):
@@ -138,8 +137,6 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
         if state.holds(rid) or request.num_computed_tokens:
             refused(f"a hit for a request holding blocks or computed tokens ({rid!r})")
         host, indexer = self._hit_blocks(request, k_tokens, hit)
-        if state.shares_copy(request.block_hashes, len(indexer)):
-            refused("a hit adopting a GPU copy another live request reads (vLLM's rows share it)")
         total = min(k_tokens + num_new_tokens + a["num_lookahead_tokens"], self.max_model_len)
         keep = self.watermark_blocks if a["has_scheduled_reqs"] and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
@@ -173,10 +170,12 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
         return host, indexer
 
     def _cache(self, request: Request, tokens: int) -> None:
-        self.state.cache(request.request_id, max(tokens - self.state.reprefill, 0), request.block_hashes)
+        # (the whole count: vLLM's hybrid coordinator keeps re-prefilled tokens out of the
+        # copies, advance_scheduled, not out of the caching wish, get_num_cacheable_tokens)
+        self.state.cache(request.request_id, tokens, request.block_hashes)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """The caching wish up to ``num_computed_tokens`` (less the re-prefilled tokens)."""
+        """The caching wish up to ``num_computed_tokens``."""
         check_count("num_computed_tokens", num_computed_tokens, 0, None)
         if self.state.holds(request.request_id):
             self._cache(request, num_computed_tokens)
