@@ -261,7 +261,6 @@ def test_what_the_manager_does_not_serve_is_refused_by_name(call: Any, named: st
     ({"metrics_collector": object()}, "metrics collector"),
     ({"dcp_world_size": 2}, "context parallelism"),
     ({"scheduler_block_size": 2 * BS}, "block sizes"),
-    ({"enable_caching": True}, "prefix caching"),
 ])
 def test_options_outside_the_scope_are_refused_at_construction(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(UnsupportedByPrefixKV, match=named):
