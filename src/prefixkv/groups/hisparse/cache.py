@@ -282,18 +282,19 @@ class HiSparseCache(HiSparseState):
             pool.take(1)
         return all(done)
 
-    def evict(self, block_ids: Sequence[int]) -> None:
-        """The device blocks ``block_ids`` hold no findable content from now on (a free one
-        is reused first)."""
+    def evict(self, block_ids: Sequence[int], pool: str = "device") -> None:
+        """``pool``'s (device or host) blocks ``block_ids`` hold no findable content from
+        now on (a free one is reused first)."""
+        blocks = (self.host if pool == "host" else self.device).blocks
         for i in block_ids:
-            check_count("a block id", i, 0, len(self.device.blocks) - 1)
-        index = self._index("device")
+            check_count("a block id", i, 0, len(blocks) - 1)
+        index = self._index(pool)
         for i in block_ids:
-            b = self.device.blocks[i]
+            b = blocks[i]
             if b.key is not None:
                 index.drop_one(b)
                 if not b.refs:
-                    self.device.emptied([b])
+                    (self.host if pool == "host" else self.device).emptied([b])
 
     def check_invariants(self, others: Sequence[Block] = ()) -> None:
         """``HiSparseState.check_invariants``, the requests' cached blocks holding their

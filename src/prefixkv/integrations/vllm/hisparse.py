@@ -5,12 +5,15 @@ vLLM's scheduler, its HiSparse connector and its tests reach the coordinator thr
 manager's group managers once it is a ``HiSparseCoordinator``; ``HiSparseSeam`` is one,
 whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
-Served, in the scope of that state (prefix caching off, one resident and one hot group,
-no external loads): ``advance_scheduled``, ``build_offload_command``, ``update_spills``,
-``has_pending_work``, ``has_pending_reclamation``, ``all_context_pages_resident``,
-``take_residency_updates``, ``build_row_mirrors``, ``pending_spills`` (read-only), the
-host copies and imports the scope has none of (``take_host_block_copies``,
-``release_completed_host_copies``, ``finish_host_import``), and once bound to a manager
+Served, in the scope of that state (prefix caching on or off: groups/hisparse/cache.py's
+with it; one resident and one hot group, no external loads): ``advance_scheduled``,
+``build_offload_command``, ``update_spills``, ``has_pending_work``,
+``has_pending_reclamation``, ``all_context_pages_resident``, ``take_residency_updates``,
+``build_row_mirrors``, ``pending_spills`` (read-only), the host copies and imports the
+scope has none of (``take_host_block_copies``, ``release_completed_host_copies``,
+``finish_host_import``), what vLLM's tests read or set (``copies``, a snapshot;
+``spills_to_send``; ``max_spill_pages``, settable; ``gpu_pool``,
+``transition_watermark``, ``plan_prefix_materialization``), and once bound to a manager
 (hisparse_manager.py) ``get_host_block_pool``, ``host_manager``, ``resident_managers``
 and ``hot_managers`` (hisparse_groups.py's views): every call vLLM's HiSparse connector
 makes;
@@ -48,8 +51,8 @@ SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pe
           "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
           "build_row_mirrors", "get_host_block_pool", "take_host_block_copies",
           "release_completed_host_copies", "finish_host_import")
-_SCOPE = ("prefixkv's HiSparse serves prefix caching off, one resident and one hot group and "
-          "no external loads (docs/integration.md, \"HiSparse\")")
+_SCOPE = ("prefixkv's HiSparse serves one resident and one hot group and no external loads "
+          "(docs/integration.md, \"HiSparse\")")
 
 
 def _refused(name: str) -> NoReturn:

@@ -189,7 +189,7 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
     def evict_blocks(self, block_ids: set[int]) -> None:
         """These device blocks' content is findable no more (RequestError, nothing
         changed, unless device block ids)."""
-        self.state.evict(sorted(block_ids))
+        self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
         """Drop each pool's cached content (and the GPU copies) where none of its blocks

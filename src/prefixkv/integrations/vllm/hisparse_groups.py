@@ -34,7 +34,8 @@ HOST, INDEXER, RESIDENT, HOT = range(4)
 def refused(what: str) -> NoReturn:
     """Raise UnsupportedByPrefixKV naming ``what``."""
     raise UnsupportedByPrefixKV(f"prefixkv's HiSparse manager does not serve {what} (it serves "
-                                f"prefix caching off; docs/integration.md, \"HiSparse\")")
+                                f"one resident and one hot group, no external loads; docs/integration.md, "
+                                f"\"HiSparse\")")
 
 
 class _PoolView:
@@ -59,6 +60,14 @@ class _PoolView:
     def get_usage(self) -> float:
         """Fraction of the blocks (the null block left out) in use."""
         return 1.0 - self._free() / (self.num_gpu_blocks - 1)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """These blocks' content is findable no more (caching on; RequestError, nothing
+        changed, unless the pool's block ids)."""
+        evict = getattr(self._state, "evict", None)
+        if evict is None:
+            refused(f"{self._name}.evict_blocks (caching off: nothing is cached)")
+        evict(sorted(block_ids), "host" if isinstance(self, HostPoolView) else "device")
 
     def __getattr__(self, name: str) -> Any:
         refused(f"{self._name}.{name}")

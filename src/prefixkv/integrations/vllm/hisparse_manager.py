@@ -10,7 +10,8 @@ The groups are vLLM's: 0 the source (host pool ids), 1 the indexer, 2 the reside
 calls the seam (``advance_scheduled``, the offload command, the workers' reports).
 
 Served: the scope of ``HiSparseState`` (``hisparse.hisparse_state``): prefix caching
-off (no hit, nothing cached), one resident and one hot group, one block size; refused
+off here (no hit, nothing cached; caching on is hisparse_cache.py's subclass, which
+``hisparse_class`` picks), one resident and one hot group, one block size; refused
 with UnsupportedByPrefixKV at construction otherwise, and for KV events, a metrics
 collector, blocks to zero and context parallelism; at the call for external
 (connector) tokens, encoder tokens, hits, and ``pop_blocks_for_free``. Checked against
