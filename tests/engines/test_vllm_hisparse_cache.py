@@ -32,7 +32,7 @@ from prefixkv.integrations.vllm import UnsupportedByPrefixKV  # noqa: E402
 from .hisparse_model import BS, MAX_LEN  # noqa: E402
 from .test_vllm_block_sizes_reference import _request  # noqa: E402
 from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
-from .test_vllm_hisparse_manager import _ids, _plugin_manager, compare  # noqa: E402
+from .test_vllm_hisparse_manager import _ids, _plugin_manager, compare, confirm, step_tokens  # noqa: E402
 
 STEMS = (list(range(100, 164)), list(range(500, 532)))  # (two shared prompt stems)
 
@@ -144,13 +144,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                     seen.add("shared")
         elif op in ("step", "decode") and live[a]:
             req = reqs[a]
-            if op == "decode":
-                if req.num_computed_tokens < req.num_tokens or req.num_tokens + n > MAX_LEN:
-                    continue
-                req.append_output_token_ids(list(range(n)))
-                n = 1
-            n = min(n, req.num_tokens - req.num_computed_tokens)
-            if n <= 0:
+            n = step_tokens(req, op, n)
+            if not n:
                 continue
             args = dict(full_sequence_must_fit=bool(f & 1), reserved_blocks=2 if f & 2 else 0)
             got = [m.allocate_slots(req, n, **args) for m in sides]
@@ -160,11 +155,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                          req.num_computed_tokens)
             seen.add("stepped" if got[0] is not None else "refused")
         elif op == "confirm":
-            sent = [c.build_offload_command().page_transfers for c in coordinators]
-            assert sent[1] == sent[0]
-            chosen = [t for k, t in enumerate(sorted(coordinators[0].pending_spills)) if a >> (k % 16) & 1]
-            for c in coordinators:
-                c.update_spills({t: 2 if f else 1 for t in chosen}, {t: 1 for t in chosen})
+            confirm(coordinators, a, f)
         elif op == "free" and live[a]:
             reqs[a].status = RequestStatus.FINISHED_STOPPED if n else RequestStatus.PREEMPTED
             for m in sides:
