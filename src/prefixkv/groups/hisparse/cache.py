@@ -296,10 +296,10 @@ class HiSparseCache(HiSparseState):
                 if not b.refs:
                     (self.host if pool == "host" else self.device).emptied([b])
 
-    def check_invariants(self, others: Sequence[Block] = ()) -> None:
+    def check_invariants(self, others: Sequence[Block] = (), host_others: Sequence[Block] = ()) -> None:
         """``HiSparseState.check_invariants``, the requests' cached blocks holding their
         own hashes, and each copy a free unpinned block or one a row reads."""
-        super().check_invariants(others)
+        super().check_invariants(others, host_others)
         for key, p in self._pubs.items():
             r = self._requests[key]
             for name, blocks, n in (("host", r.host, p.host), ("indexer", r.indexer, p.indexer)):

@@ -300,14 +300,14 @@ class HiSparseState:
         for blocks in (r.indexer, [r.blocks[p] for p in split.to_head], r.hot):
             self.device.free([b for b in reversed(blocks) if b is not None])
 
-    def check_invariants(self, others: Sequence[Block] = ()) -> None:
-        """Raise InvariantError when the pools, rows and copies disagree. ``others``: the
-        device blocks held outside these requests."""
+    def check_invariants(self, others: Sequence[Block] = (), host_others: Sequence[Block] = ()) -> None:
+        """Raise InvariantError when the pools, rows and copies disagree. ``others``,
+        ``host_others``: the device and host blocks held outside these requests."""
         refs: dict[int, int] = {self.nulls[0].block_id: 1}
         for b in others:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         host_refs: dict[int, int] = {self.nulls[1].block_id: 1}
-        for b in self._held_host():
+        for b in [*self._held_host(), *host_others]:
             host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
         for r in self._requests.values():
             r.row.check_invariants()

@@ -49,6 +49,30 @@ class _PoolView:
         self._state, self.blocks, self._name = state, blocks, name
         self.num_gpu_blocks = len(blocks)
         self.null_block = blocks[0]
+        self.taken: dict[int, Any] = {}  # block id -> prefixkv's block, taken by another user
+
+    def _pool(self) -> Any:
+        raise NotImplementedError
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """``num_blocks`` free blocks for another user (vLLM's order: never used ones
+        first, then the oldest free; an unpinned page taken is lost to its request).
+        Raises RequestError when fewer are free (nothing changed)."""
+        if num_blocks.__class__ is not int or not 0 <= num_blocks <= self._free():
+            raise RequestError(f"cannot take {num_blocks!r} blocks, {self._free()} are free")
+        got = self._pool().take(num_blocks)
+        self.taken.update((b.block_id, b) for b in got)
+        return [self.blocks[b.block_id] for b in got]
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
+        RequestError, nothing changed, for any other block."""
+        given = list(blocks)
+        ids = [b.block_id for b in given]
+        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
+                                            for i, b in zip(ids, given, strict=True)):
+            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
+        self._pool().free([self.taken.pop(i) for i in ids])
 
     def _free(self) -> int:
         raise NotImplementedError
@@ -74,10 +98,14 @@ class _PoolView:
 
 
 class HostPoolView(_PoolView):
-    """The host pool, read-only (``coordinator.get_host_block_pool()`` in vLLM's)."""
+    """The host pool (``coordinator.get_host_block_pool()`` in vLLM's): its counts, and
+    blocks other users take and give back."""
 
     def _free(self) -> int:
         return self._state.host.num_free
+
+    def _pool(self) -> Any:
+        return self._state.host
 
 
 class DevicePoolView(_PoolView):
@@ -87,24 +115,16 @@ class DevicePoolView(_PoolView):
 
     def __init__(self, state: HiSparseState, blocks: list[KVCacheBlock]) -> None:
         super().__init__(state, blocks, "block_pool")
-        self.taken: dict[int, Any] = {}  # block id -> prefixkv's block, taken by another user
 
     def _free(self) -> int:
         return self._state.device.num_free
 
+    def _pool(self) -> Any:
+        return self._state.device
+
     def take_events(self) -> list[Any]:
         """None: nothing is cached, KV events are refused at construction."""
         return []
-
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """``num_blocks`` free blocks for another user (vLLM's order: never used ones
-        first, then the oldest free; an unpinned page taken is lost to its request).
-        Raises RequestError when fewer are free (nothing changed)."""
-        if num_blocks.__class__ is not int or not 0 <= num_blocks <= self._free():
-            raise RequestError(f"cannot take {num_blocks!r} blocks, {self._free()} are free")
-        got = self._state.device.take(num_blocks)
-        self.taken.update((b.block_id, b) for b in got)
-        return [self.blocks[b.block_id] for b in got]
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Another user holds these blocks too, until ``free_blocks`` (vLLM's ``touch``: a
@@ -120,16 +140,6 @@ class DevicePoolView(_PoolView):
                                "another user holds, or repeated")
         got = device.acquire([device.blocks[i] for i in ids], 0)
         self.taken.update((b.block_id, b) for b in got)
-
-    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
-        RequestError, nothing changed, for any other block."""
-        given = list(blocks)
-        ids = [b.block_id for b in given]
-        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
-                                            for i, b in zip(ids, given, strict=True)):
-            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
-        self._state.device.free([self.taken.pop(i) for i in ids])
 
 
 class _GroupView(GroupView):
