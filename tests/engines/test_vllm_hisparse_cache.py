@@ -4,14 +4,15 @@ own manager, side by side: requests of shared prompt stems admitted with the hit
 find (``get_computed_blocks`` then ``allocate_slots`` with it), stepped and decoded, the
 copies to host confirmed by one or two workers (the host prefix published as it becomes
 durable), freed finished or preempted (a finished one's pages in flight published once
-confirmed), another user taking and giving back device blocks (GPU copies lost), the
-cache reset. After each op every answer must be vLLM's (test_vllm_hisparse_manager.py's
-``compare``, plus each live request's host and indexer hashes and ``ref_cnt``, the hits
-and the GPU copies indexed by host hash), and never a wrong KV: every full computed page
-a live request reads (its host page, its indexer page, its resident page when on the
-device) holds the KV of that request's tokens, tracked here from what each step wrote
-(a block handed out anew holds nothing until written). Then scenarios with exact values,
-and what is refused by name. Needs vllm installed."""
+confirmed), another user taking and giving back device blocks (GPU copies lost) or host
+blocks (published pages evicted), the cache reset. After each op every answer must be
+vLLM's (test_vllm_hisparse_manager.py's ``compare``, plus each live request's host and
+indexer hashes and ``ref_cnt``, the hits and the GPU copies indexed by host hash), and
+never a wrong KV: every full computed page a live request reads (its host page, its
+indexer page, its resident page when on the device) holds the KV of that request's
+tokens, tracked here from what each step wrote (a block handed out anew holds nothing
+until written). Then scenarios with exact values, and what is refused by name. Needs
+vllm installed."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ OPS = st.lists(st.one_of(  # (admissions, confirmations and frees weighed up: hi
     st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1)),
     st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
-    st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.just(0)),
+    st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.integers(0, 1)),
     st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0))), min_size=12, max_size=50)
 
 
@@ -106,8 +107,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     ``n`` tokens more; ``step`` a live request by ``n`` (flag 1: the whole request must
     fit, 2: with 2 reserved blocks); ``decode`` one token after ``n`` output tokens;
     ``confirm`` the copies of mask ``a`` (two workers, one completing, when ``f``);
-    ``free`` slot ``a``, finished when ``n`` else preempted (the slot's next request is
-    of variant ``f``); ``reset``; another user's ``take`` of ``a`` blocks, ``give_back``."""
+    ``free`` slot ``a``, finished when ``n`` else preempted; ``reset``; another user's
+    ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took."""
     from vllm.v1.request import RequestStatus
 
     kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "enable_caching": True,
@@ -119,7 +120,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     reqs: list[Any] = [None, None, None]
     live: list[bool] = [False, False, False]
     seen: set[str] = set()
-    taken: list[list[Any]] = [[], []]
+    taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
         if op == "admit" and not live[a]:
             req = reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
@@ -166,23 +167,34 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             done = sides[0].reset_prefix_cache()
             assert sides[1].reset_prefix_cache() == done
             seen.add(f"reset {done}")
-        elif op == "take":
-            k = min(a, sides[0].block_pool.get_num_free_blocks())
-            for side, m in enumerate(sides):
-                got = m.block_pool.get_new_blocks(k)
-                taken[side] += got
-                written[side].handed_out(type("B", (), {"get_block_ids": lambda s, g=got: ([], [
-                    b.block_id for b in g])})())
-            assert [b.block_id for b in taken[1]] == [b.block_id for b in taken[0]]
+        elif op == "take":  # (from the host pool when ``f``)
+            pools = _pools(sides, coordinators, f)
+            k = min(a, pools[0].get_num_free_blocks())
+            for side, pool in enumerate(pools):
+                got = pool.get_new_blocks(k)
+                taken[f][side] += got
+                ids = [b.block_id for b in got]
+                written[side].handed_out(type("B", (), {"get_block_ids": lambda s, i=ids, h=f: (
+                    i if h else [], [] if h else i)})())
+            assert [b.block_id for b in taken[f][1]] == [b.block_id for b in taken[f][0]]
+            seen.add("host taken" if f else "device taken")
         elif op == "give_back":
-            for side, m in enumerate(sides):
-                m.block_pool.free_blocks(taken[side])
-            taken = [[], []]
+            for h in (0, 1):
+                for side, pool in enumerate(_pools(sides, coordinators, h)):
+                    pool.free_blocks(taken[h][side])
+                taken[h] = [[], []]
         _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written)
-        sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()))
+        sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()),
+                                        list(coordinators[1].get_host_block_pool().taken.values()))
         if coordinators[0].copies:
             seen.add("copies")
     return seen
+
+
+def _pools(sides: Any, coordinators: Any, host: int) -> list[Any]:
+    """Each side's device pool, or host pool when ``host``."""
+    return [c.get_host_block_pool() if host else m.block_pool
+            for m, c in zip(sides, coordinators, strict=True)]
 
 
 def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, got1: Any, total: int,
@@ -281,3 +293,32 @@ def test_caching_on_gets_the_caching_class_and_a_mismatch_is_refused() -> None:
         HiSparseKVCacheManager(hisparse_config(), enable_caching=True, **kw)
     with pytest.raises(UnsupportedByPrefixKV, match="enable_caching=False"):
         HiSparseCachingKVCacheManager(hisparse_config(), enable_caching=False, **kw)
+
+
+def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_changed() -> None:
+    """A hit whose indexer block was evicted between the lookup and the allocation raises
+    RequestError (never a wrong KV); external tokens beside a hit, UnsupportedByPrefixKV
+    naming them; nothing changed either time."""
+    from prefixkv.errors import RequestError
+
+    ours = _plugin_manager(hisparse_config(32, 16), enable_caching=True)
+    seam = get_hisparse_coordinator(ours)
+    first = _request("first", list(range(64)), BS)
+    ours.allocate_slots(first, 64)
+    seam.advance_scheduled([("first", 64)])
+    sent = {t.transfer_id: 1 for t in seam.build_offload_command().page_transfers}
+    seam.update_spills(sent, sent)
+    ours.free(first)
+    probe = _request("probe", list(range(64)), BS)
+    blocks, hit, _ = ours.get_computed_blocks(probe)
+    assert hit == 48
+    before = (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks())
+    with pytest.raises(UnsupportedByPrefixKV, match="external"):
+        ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks,
+                            num_external_computed_tokens=16)
+    ours.evict_blocks({blocks.get_block_ids()[1][2]})
+    with pytest.raises(RequestError, match="no longer hold"):
+        ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)
+    assert (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks()) == before
+    assert ours.get_block_ids("probe") == ([], [], [], []) and ours.get_computed_blocks(probe)[1] == 32
+    ours.state.check_invariants()
