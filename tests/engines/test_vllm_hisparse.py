@@ -54,16 +54,14 @@ def vllm_manager(cfg: Any, **kw: Any) -> Any:
     return KVCacheManager(cfg, **kw)
 
 
-@pytest.mark.parametrize("host_blocks", [16, None], ids=["host-pool-caching-on", "specs-only"])
-def test_a_hisparse_layout_outside_the_binding_is_refused_naming_why(host_blocks: int | None) -> None:
+def test_a_hisparse_layout_outside_the_binding_is_refused_naming_why() -> None:
     """Refused at construction, with the reason and where the docs explain it: HiSparse
-    specs without a host pool (read_layout), and a host pool with prefix caching on
-    (the binding, hisparse_manager.py, serves caching off)."""
+    specs without a host pool (read_layout). (A host pool with prefix caching on is
+    served since session 29: test_vllm_hisparse_cache.py.)"""
     from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
 
-    reason = REASON if host_blocks is None else r"prefix caching .*docs/integration\.md, \"HiSparse\""
-    with pytest.raises(UnsupportedByPrefixKV, match=reason):
-        KVCacheManager(hisparse_config(host_blocks=host_blocks), max_model_len=128,
+    with pytest.raises(UnsupportedByPrefixKV, match=REASON):
+        KVCacheManager(hisparse_config(host_blocks=None), max_model_len=128,
                        scheduler_block_size=BS, hash_block_size=BS)
 
 

@@ -42,6 +42,28 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("sync"), st.integers(0, 7), st.just(0), st.just(0))), min_size=4, max_size=40)
 
 
+def confirm(coordinators: Any, mask: int, two: int) -> None:
+    """The offload commands sent (alike on both sides), then the copies in flight of
+    ``mask`` confirmed: by one worker, or by two of which one completes when ``two``."""
+    sent = [c.build_offload_command().page_transfers for c in coordinators]
+    assert sent[1] == sent[0]
+    chosen = [t for k, t in enumerate(sorted(coordinators[0].pending_spills)) if mask >> (k % 16) & 1]
+    for c in coordinators:
+        c.update_spills({t: 2 if two else 1 for t in chosen}, {t: 1 for t in chosen})
+
+
+def step_tokens(req: Any, op: str, n: int) -> int:
+    """The tokens a ``step`` of ``n`` schedules for ``req`` (its prompt's rest at most), or
+    a ``decode`` (one token, after ``n`` output tokens appended once the prompt is
+    computed); 0: nothing to schedule."""
+    if op == "decode":
+        if req.num_computed_tokens < req.num_tokens or req.num_tokens + n > MAX_LEN:
+            return 0
+        req.append_output_token_ids(list(range(n)))
+        n = 1
+    return max(min(n, req.num_tokens - req.num_computed_tokens), 0)
+
+
 def _ids(blocks: Any) -> Any:
     return None if blocks is None else tuple(list(g) for g in blocks.get_block_ids())
 
@@ -69,13 +91,8 @@ def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: 
     for i, (op, a, n, f) in enumerate(ops):
         if op in ("step", "decode"):
             req = reqs[a]
-            if op == "decode":
-                if req.num_computed_tokens < req.num_tokens or req.num_tokens + n > MAX_LEN:
-                    continue
-                req.append_output_token_ids(list(range(n)))
-                n = 1
-            n = min(n, req.num_tokens - req.num_computed_tokens)
-            if n <= 0:
+            n = step_tokens(req, op, n)
+            if not n:
                 continue
             args = dict(full_sequence_must_fit=bool(f & 1), num_lookahead_tokens=lookahead if f & 2 else 0,
                         reserved_blocks=2 if f & 4 else 0)
@@ -89,11 +106,7 @@ def side_by_side(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: 
                 req.status = RequestStatus.RUNNING
             seen.add("stepped" if got[0] is not None else "refused")
         elif op == "confirm":
-            sent = [c.build_offload_command().page_transfers for c in coordinators]
-            assert sent[1] == sent[0]
-            chosen = [t for k, t in enumerate(sorted(coordinators[0].pending_spills)) if a >> (k % 16) & 1]
-            for c in coordinators:
-                c.update_spills({t: 2 if f else 1 for t in chosen}, {t: 1 for t in chosen})
+            confirm(coordinators, a, f)
         elif op == "free":
             for m in (theirs, ours):
                 m.free(reqs[a])
@@ -263,7 +276,6 @@ def test_what_the_manager_does_not_serve_is_refused_by_name(call: Any, named: st
     ({"metrics_collector": object()}, "metrics collector"),
     ({"dcp_world_size": 2}, "context parallelism"),
     ({"scheduler_block_size": 2 * BS}, "block sizes"),
-    ({"enable_caching": True}, "prefix caching"),
 ])
 def test_options_outside_the_scope_are_refused_at_construction(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(UnsupportedByPrefixKV, match=named):

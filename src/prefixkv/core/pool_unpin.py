@@ -1,11 +1,11 @@
 """The unpinned state of a device block, as vLLM 0.33's ``BlockPool.unpin_blocks`` has it
-(HiSparse's resident rows use it): the block's one holder lets go of it while it keeps
-reading it. The block counts as free and joins the cached tier's tail (the last free
-block reused, after the empty tier and after any cached content freed before it); the
-index finds nothing in it. When the pool hands it out again (``take``'s eviction,
-``take_one``) or drops all content (``reset``), its watcher is told, once, with the block:
-the reader must stop reading it. ``forget`` drops a watcher whose reader is gone; the
-block stays free where it is.
+(HiSparse's resident rows use it): a holder lets go of it while it keeps reading it.
+Once no one holds it, the block counts as free and joins the cached tier's tail (the last
+free block reused, after the empty tier and after any cached content freed before it);
+the index finds nothing in it. ``hold`` takes a reference on it again, free or not. When
+the pool hands it out again (``take``'s eviction, ``take_one``) or drops all content
+(``reset``), its watcher is told, once, with the block: the reader must stop reading it.
+``forget`` drops a watcher whose reader is gone; the block stays free where it is.
 
 ``UnpinPool`` is the pool of a layout that unpins; every other pool is a plain
 ``BlockPool``, whose paths never look for unpinned blocks. Its overrides fall through to
@@ -44,24 +44,25 @@ class UnpinPool(BlockPool):
         return self._watchers.keys()
 
     def unpin(self, blocks: Sequence[Block], watcher: Watcher) -> None:
-        """Let go of each of ``blocks``: each held once (by the caller alone), holding no
-        content and not unpinned already. They become free, at the cached tier's tail in
-        the order given, still readable until reused; ``watcher(block)`` then.
-        RequestError, with nothing changed, for any other block."""
+        """Let go of one reference on each of ``blocks``: each held, holding no content.
+        ``watcher(block)`` is told when the pool reuses it. Those no one holds any more
+        become free, at the cached tier's tail in the order given, still readable until
+        reused; one still held by another reader stays held, its watcher waiting (vLLM's
+        ``unpin_blocks``: a block two rows read). RequestError, with nothing changed, for
+        any other block."""
         ids = set()
         for b in blocks:
             if (not isinstance(b, Block) or b.block_id in ids or not 0 <= b.block_id < len(self.blocks)
                     or self.blocks[b.block_id] is not b):
                 raise RequestError(f"unpin: {b!r} is not one of this pool's blocks, or is repeated")
-            if b.refs != 1 or b.counted is not None or b.key is not None or b.block_id in self._watchers:
-                raise RequestError(f"unpin: {b!r} must be held once, by its reader alone, and hold "
-                                   "no content")
+            if b.refs < 1 or b.counted is not None or b.key is not None:
+                raise RequestError(f"unpin: {b!r} must be held, and hold no content")
             ids.add(b.block_id)
         watchers = self._watchers
         for b in blocks:
-            b.refs = 0
+            b.refs -= 1
             watchers[b.block_id] = watcher
-        self._cached.extend(list(blocks))
+        self._cached.extend([b for b in blocks if not b.refs])
 
     def forget(self, block: Block) -> None:
         """Drop ``block``'s watcher: its reader no longer reads it. The block stays
@@ -73,6 +74,18 @@ class UnpinPool(BlockPool):
             raise RequestError(f"forget: {block!r} is not an unpinned block of this pool that a "
                                "reader still reads")
         self._watchers[block.block_id] = _nobody
+
+    def hold(self, block: Block) -> None:
+        """One more reference on ``block``, unpinned (its watcher kept) or held (vLLM's
+        ``touch``: a free one leaves the free queue): a reader adopts it. RequestError, with nothing
+        changed, unless it is an unpinned or held block of this pool."""
+        if not isinstance(block, Block) or not 0 <= block.block_id < len(self.blocks) \
+                or self.blocks[block.block_id] is not block \
+                or not (block.refs or block.block_id in self._watchers):
+            raise RequestError(f"hold: {block!r} is not an unpinned or held block of this pool")
+        if not block.refs:
+            self._cached.remove(block)
+        block.refs += 1
 
     def _reused(self, blocks: list[Block]) -> None:
         """Tell each of ``blocks``' watchers, once, in order (their pages are lost)."""
@@ -130,11 +143,12 @@ class UnpinPool(BlockPool):
 
     def check(self, expected_refs: dict[int, int]) -> str | None:
         """``BlockPool.check``, an unpinned block sound in the cached tier without
-        content; and each unpinned block is free in the cached tier."""
+        content; and each unpinned block holds no content, free in the cached tier unless
+        another reader holds it."""
         cached = {b.block_id for b in self._cached}
         for i in self._watchers:
             b = self.blocks[i]
-            if i not in cached or b.refs or b.counted is not None or b.key is not None:
-                return f"unpinned block {b!r} is not free without content in the cached tier"
+            if (i in cached) == bool(b.refs) or b.counted is not None or b.key is not None:
+                return f"unpinned block {b!r} is not free without content in the cached tier, nor held"
         return check_pool(self.blocks, self._empty[self._lo:], self._cached, self.num_free,
                           self.index, expected_refs, self._watchers)

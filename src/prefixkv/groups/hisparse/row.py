@@ -10,11 +10,12 @@ held) unpins, and never its last ``TAIL`` pages.
 ``ready`` is the length of the prefix whose host copy is valid (CLEAN, UNPINNED or
 HOST). The rules are vLLM 0.33's (``v1/hisparse/coordinator.py``), written here and
 checked against tests/engines/hisparse_model.py by tests/engines/test_hisparse_row.py.
-Scope: the reference's. Pages come from steps, and from external loads
+Scope: the reference's. Pages come from steps; from external loads
 (tests/engines/hisparse_import_model.py): an import's pages but its last are HOST from the
 start (``pad``: read from host, never on the GPU), and its last page is restored from
-host (``restore``, then ``confirm`` when the page is whole, ``restored`` when it is not).
-The row decides, and the pool and the transfers are its caller's. Caller mistakes raise
+host (``restore``, then ``confirm`` when the page is whole, ``restored`` when it is not);
+or HOST from a hit on the host prefix (``start_host``; a HOST page may be ``adopt``ed back
+from a GPU copy). The row decides, and the pool and the transfers are its caller's. Caller mistakes raise
 RequestError before any change.
 """
 
@@ -95,6 +96,19 @@ class ResidentRow:
         self._states += [HOST] * check_count("n", n, 0, None)
         while self.ready < len(self._states) and self._states[self.ready] in _VALID:
             self.ready += 1
+
+    def start_host(self, n: int) -> None:
+        """An empty row starts with ``n`` HOST pages: a hit on the host prefix (valid,
+        read from host until a GPU copy is adopted)."""
+        if self._states:
+            raise RequestError(f"a row of {len(self._states)} pages cannot start with a hit")
+        self._states = [HOST] * check_count("n", n, 0, None)
+        self.ready = n
+
+    def adopt(self, page: int) -> None:
+        """A HOST page is read from a GPU copy of its content again: CLEAN (held)."""
+        self._expect(page, HOST, "adopt")
+        self._states[page] = CLEAN
 
     def hold_hot(self) -> None:
         """The request took its hot region: it may read from host from now on."""
@@ -187,6 +201,6 @@ class ResidentRow:
         off_gpu = [p for p, s in enumerate(states) if s in (UNPINNED, HOST)]
         if off_gpu and not self.hot:
             raise InvariantError(f"pages {off_gpu} unpinned or lost without a hot region")
-        unpinned = [p for p, s in enumerate(states) if s == UNPINNED]  # (an import's HOST
-        if unpinned and unpinned[-1] >= n - TAIL:  # pages may be among the last)
+        unpinned = [p for p in off_gpu if states[p] == UNPINNED]  # (a HOST page among the
+        if unpinned and unpinned[-1] >= n - TAIL:  # last may come from an import or a hit)
             raise InvariantError(f"page {unpinned[-1]} of {n} unpinned among the last {TAIL}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from ...core.block import Block, blocks_for
-from ...core.pool import BlockPool
+from ...core.pool import BlockPool, PoolIndex
 from ...core.pool_unpin import UnpinPool
 from ...errors import InvariantError, RequestError, check_count
 from ...index import NoIndex
@@ -66,14 +66,39 @@ class HiSparseState:
         self.window = check_count("window", window, 1, None)
         self.reprefill = check_count("reprefill", reprefill, 0, None)
         self.watermark = max(hot_blocks, num_blocks // 10)  # (vLLM's, against the free count)
-        self.device = UnpinPool(num_blocks, NoIndex())
-        self.host = BlockPool(host_blocks, NoIndex())
+        self.device = UnpinPool(num_blocks, self._new_index())
+        self.host = BlockPool(host_blocks, self._new_index())
         self.nulls = (self.device.take(1)[0], self.host.take(1)[0])
         self.spills = Spills(max_pages)
         self.imports = Imports()
         self._requests: dict[Hashable, _Request] = {}
-        self._unpinned: dict[int, tuple[Hashable, int]] = {}  # block id -> (request, page)
+        self._unpinned: dict[int, set[tuple[Hashable, int]]] = {}  # block id -> (request, page)s
         self._orphans: dict[int, tuple[Block, Block]] = {}  # copy id -> its blocks
+
+    def _new_index(self) -> PoolIndex:
+        """The index of each pool's content: none (caching off; cache.py's subclass has one)."""
+        return NoIndex()
+
+    # the subclass's hooks (cache.py): nothing to do with caching off
+    def _adopt(self, key: Hashable) -> None:
+        """``key``'s step is scheduled, its copies planned: its hit pages adopt GPU copies."""
+
+    def _let_go(self, block: Block) -> None:
+        """A freed request's unpinned ``block`` is no one's to read any more."""
+        self.device.forget(block)
+
+    def _orphan_done(self, tid: int) -> None:
+        """Copy ``tid`` of a freed request is confirmed (before its host block goes)."""
+
+    def _confirmed(self, keys: set[Hashable]) -> None:
+        """Copies of the live requests ``keys`` were confirmed (their rows are updated)."""
+
+    def _leaving(self, key: Hashable) -> None:
+        """``key`` is being freed: it holds its blocks and rows still."""
+
+    def _held_host(self) -> list[Block]:
+        """The host blocks held outside the requests and their copies (for the checks)."""
+        return []
 
     def _get(self, key: Hashable) -> _Request:
         r = self._requests.get(key)
@@ -123,9 +148,10 @@ class HiSparseState:
 
     def reclaims(self) -> bool:
         """Whether a copy in flight gives blocks back once confirmed: a freed request's
-        (its device and host blocks), or one of a row that reads from host (its page is
-        unpinned then)."""
-        return any(k is None or self._requests[k].row.hot for k in self.spills.owners())
+        whose host block no one else holds (vLLM's test: the copy's the one reference),
+        or one of a row that reads from host (its page is unpinned then)."""
+        return any(self._orphans[t][1].ref_cnt == 1 if k is None else self._requests[k].row.hot
+                   for t, (k, _) in self.spills.flight.items())
 
     def allocate(self, key: Hashable, total: int, full: int = 0) -> bool:
         """Give ``key`` (admitted if new) the blocks of ``total`` tokens, all or nothing;
@@ -208,10 +234,8 @@ class HiSparseState:
         and one that does not asks for its hot region when the pool runs low or the row
         holds its window."""
         r = self._get(key)
-        sealed = min(max(total - self.reprefill, 0) // self.block_size, len(r.row))
-        pending = self.imports.pending  # (a pending import's pages are not copied)
-        first = blocks_for(pending[key], self.block_size) if pending and key in pending else 0
-        self.spills.plan(key, r.row.plan(sealed, self.spills.budget, first))
+        self.plan(key, max(total - self.reprefill, 0))
+        self._adopt(key)
         if not r.row.hot:
             if r.row.asks_for_hot(self.device.num_free, self.watermark, self.window):
                 r.hot_required = True
@@ -219,23 +243,32 @@ class HiSparseState:
         for page in r.row.unpinnable():
             self._unpin(key, r, page)
 
+    def plan(self, key: Hashable, tokens: int) -> None:
+        """Plan copies of ``key``'s DIRTY pages that its first ``tokens`` tokens seal
+        (within the budget; vLLM's ``plan_prefix_materialization``)."""
+        r = self._get(key)
+        sealed = min(check_count("tokens", tokens, 0, None) // self.block_size, len(r.row))
+        pending = self.imports.pending  # (a pending import's pages are not copied)
+        first = blocks_for(pending[key], self.block_size) if pending and key in pending else 0
+        self.spills.plan(key, r.row.plan(sealed, self.spills.budget, first))
+
     def _unpin(self, key: Hashable, r: _Request, page: int) -> None:
         block = r.blocks[page]
         assert block is not None
         r.row.unpin(page)
-        self._unpinned[block.block_id] = (key, page)
+        self._unpinned.setdefault(block.block_id, set()).add((key, page))
         self.device.unpin([block], self._reused)
 
     def _reused(self, block: Block) -> None:
-        """The device pool handed an unpinned page's block out: the page is read from
-        host from now on."""
-        key, page = self._unpinned.pop(block.block_id)
-        r = self._requests[key]
-        r.row.lose(page)
-        r.blocks[page] = None
-        r.hot_required = True
-        if page < r.synced:
-            r.stale.add(page)
+        """The device pool handed an unpinned block out: the pages that read it (one, or
+        several where a hit adopted it) are read from host from now on."""
+        for key, page in self._unpinned.pop(block.block_id, ()):
+            r = self._requests[key]
+            r.row.lose(page)
+            r.blocks[page] = None
+            r.hot_required = True
+            if page < r.synced:
+                r.stale.add(page)
 
     def require_hot(self, key: Hashable) -> None:
         """``key`` takes its hot region with its next allocation (vLLM's ``require_hot``)."""
@@ -284,6 +317,7 @@ class HiSparseState:
         for tid in done:
             whole = restores.pop(tid, True) if restores else True  # (True: a copy to host)
             if tid in self._orphans:
+                self._orphan_done(tid)
                 self.host.free([self._orphans.pop(tid)[1]])
                 continue
             key, page = owners[tid]
@@ -293,27 +327,34 @@ class HiSparseState:
                     self._unpin(key, r, page)
             else:
                 r.row.restored(page)
+        self._confirmed({owners[t][0] for t in done if owners[t][0] is not None} & self._requests.keys())
         return done
 
     def free(self, key: Hashable) -> None:
         """``key`` goes. Its unpinned pages stay in the pool, no longer its own; its other
-        clean pages are unpinned so (tail first); its copies in flight keep their device
-        and host blocks until confirmed; the rest goes back to the head of each pool, the
-        host row, then group by group: the indexer's, the row's dirty pages, the hot
-        region (each tail first)."""
+        clean pages are unpinned so (tail first; a block another row reads stays watched);
+        its copies in flight keep their device and host blocks until confirmed; the rest
+        goes back to the head of each pool, the host row, then group by group: the
+        indexer's, the row's dirty pages, the hot region (each tail first)."""
         r = self._get(key)
         self.imports.forget(key)
+        self._leaving(key)
         for page in r.row.pages(UNPINNED):
             block = r.blocks[page]
             assert block is not None
-            del self._unpinned[block.block_id]
-            self.device.forget(block)
+            readers = self._unpinned[block.block_id]
+            readers.discard((key, page))
+            if not readers:
+                del self._unpinned[block.block_id]
+                if not block.refs:
+                    self._let_go(block)
         clean = [r.blocks[p] for p in reversed(r.row.pages(CLEAN))]
         split = r.row.free()
         for block in clean:
             assert block is not None
             self.device.unpin([block], self._reused)
-            self.device.forget(block)
+            if not block.refs and block.block_id not in self._unpinned:
+                self._let_go(block)
         busy = set(split.kept)
         for tid in self.spills.detach(key):
             page = self.spills.page_of(tid)[1]
@@ -325,13 +366,15 @@ class HiSparseState:
         for blocks in (r.indexer, [r.blocks[p] for p in split.to_head], r.hot):
             self.device.free([b for b in reversed(blocks) if b is not None])
 
-    def check_invariants(self, others: Sequence[Block] = ()) -> None:
-        """Raise InvariantError when the pools, rows and copies disagree. ``others``: the
-        device blocks held outside these requests."""
+    def check_invariants(self, others: Sequence[Block] = (), host_others: Sequence[Block] = ()) -> None:
+        """Raise InvariantError when the pools, rows and copies disagree. ``others``,
+        ``host_others``: the device and host blocks held outside these requests."""
         refs: dict[int, int] = {self.nulls[0].block_id: 1}
         for b in others:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         host_refs: dict[int, int] = {self.nulls[1].block_id: 1}
+        for b in [*self._held_host(), *host_others]:
+            host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
         for r in self._requests.values():
             r.row.check_invariants()
             if not len(r.blocks) == len(r.row) == len(r.indexer) <= len(r.host):

@@ -5,13 +5,16 @@ vLLM's scheduler, its HiSparse connector and its tests reach the coordinator thr
 manager's group managers once it is a ``HiSparseCoordinator``; ``HiSparseSeam`` is one,
 whose ``__init__`` builds prefixkv's state and none of vLLM's.
 
-Served, in the scope of that state (prefix caching off, one resident and one hot group):
-``advance_scheduled``, ``build_offload_command``, ``update_spills``,
-``has_pending_work``, ``has_pending_reclamation``, ``all_context_pages_resident``,
-``take_residency_updates``, ``build_row_mirrors``, ``pending_spills`` (read-only), the
-end of an external load (``finish_host_import``, ``complete_host_import`` for a pending
-one; ``request_states``, read-only: hisparse_imports.py), the host copies the scope has
-none of (``take_host_block_copies``, ``release_completed_host_copies``), and once bound to a manager
+Served, in the scope of that state (prefix caching on or off: groups/hisparse/cache.py's
+with it; one resident and one hot group): ``advance_scheduled``,
+``build_offload_command``, ``update_spills``, ``has_pending_work``,
+``has_pending_reclamation``, ``all_context_pages_resident``, ``take_residency_updates``,
+``build_row_mirrors``, ``pending_spills`` (read-only), the end of an external load
+(``finish_host_import``, ``complete_host_import`` for a pending one; ``request_states``,
+read-only: hisparse_imports.py), the host copies the scope has none of
+(``take_host_block_copies``, ``release_completed_host_copies``), what vLLM's tests read or
+set (``copies``, a snapshot; ``spills_to_send``; ``max_spill_pages``, settable;
+``gpu_pool``, ``transition_watermark``, ``plan_prefix_materialization``), and once bound to a manager
 (hisparse_manager.py) ``get_host_block_pool``, ``host_manager``, ``resident_managers``
 and ``hot_managers`` (hisparse_groups.py's views): every call vLLM's HiSparse connector
 makes;
@@ -26,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlockCopy, make_block_hash_with_group_id
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator
 from vllm.v1.hisparse.types import (
     SparseKVOffloadCommand,
@@ -37,6 +40,8 @@ from vllm.v1.hisparse.types import (
 from vllm.v1.kv_cache_interface import HiSparseHotSpec, HiSparseResidentSpec, KVCacheConfig, KVCacheGroupRole
 
 from prefixkv.core.block import blocks_for
+from prefixkv.errors import check_count
+from prefixkv.groups.hisparse.cache import HiSparseCache
 from prefixkv.groups.hisparse.state import HiSparseState
 
 from .hisparse_imports import RequestStates
@@ -48,7 +53,7 @@ SERVED = ("advance_scheduled", "build_offload_command", "update_spills", "has_pe
           "has_pending_reclamation", "all_context_pages_resident", "take_residency_updates",
           "build_row_mirrors", "get_host_block_pool", "take_host_block_copies",
           "release_completed_host_copies", "finish_host_import", "complete_host_import")
-_SCOPE = ("prefixkv's HiSparse serves prefix caching off and one resident and one hot group "
+_SCOPE = ("prefixkv's HiSparse serves one resident and one hot group "
           "(docs/integration.md, \"HiSparse\")")
 
 
@@ -74,15 +79,14 @@ def hisparse_state(kv_cache_config: KVCacheConfig, max_model_len: int, *, enable
     host = kv_cache_config.hisparse_host_num_blocks
     if host is None:
         _refused("a HiSparse layout without a host pool (hisparse_host_num_blocks)")
-    if enable_caching:
-        _refused("prefix caching (enable_caching=True: late publication of the host prefix)")
     bs = sizes.pop()
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
     hot = specs[3]
     assert isinstance(hot, HiSparseHotSpec)
-    return HiSparseState(kv_cache_config.num_blocks, host, hot.blocks_per_request, bs,
-                         blocks_for(min(in_flight, max_model_len), bs), max_model_len // bs,
-                         max(num_prefill_lookahead - 1, 0))
+    kind = HiSparseCache if enable_caching else HiSparseState
+    return kind(kv_cache_config.num_blocks, host, hot.blocks_per_request, bs,
+                blocks_for(min(in_flight, max_model_len), bs), max_model_len // bs,
+                max(num_prefill_lookahead - 1, 0))
 
 
 class HiSparseSeam(HiSparseCoordinator):
@@ -141,6 +145,42 @@ class HiSparseSeam(HiSparseCoordinator):
     def forget(self, request_id: str) -> None:  # (not vLLM's)
         """``request_id`` was freed: it has no bookkeeping any more."""
         self._known.discard(request_id)
+
+    @property
+    def copies(self) -> dict[bytes, tuple[Any, ...]]:
+        """The GPU copies of published host pages, a snapshot: vLLM's host block hash ->
+        (its device block,) (empty with caching off)."""
+        state, blocks = self.state, self._bound("copies")[0][2].block_pool.blocks
+        return {make_block_hash_with_group_id(BlockHash(h), self.host_group_id): (blocks[b.block_id],)
+                for h, b in getattr(state, "copies", {}).items()}
+
+    @property
+    def spills_to_send(self) -> list[int]:
+        """The copies planned and not yet sent, a snapshot: their ids."""
+        return list(self.state.spills.to_send)
+
+    @property
+    def max_spill_pages(self) -> int:
+        """The most copies planned and not yet sent (may be set)."""
+        return self.state.spills.max_pages
+
+    @max_spill_pages.setter
+    def max_spill_pages(self, n: int) -> None:
+        self.state.spills.max_pages = check_count("max_spill_pages", n, 0, None)
+
+    @property
+    def gpu_pool(self) -> Any:
+        """The device pool's view."""
+        return self._bound("gpu_pool")[0][2].block_pool
+
+    @property
+    def transition_watermark(self) -> int:
+        """The free count below which a row asks for its hot region."""
+        return self.state.watermark
+
+    def plan_prefix_materialization(self, request_id: str, num_computed_tokens: int) -> None:
+        """Plan copies of the request's pages its first tokens seal (``HiSparseState.plan``)."""
+        self.state.plan(request_id, num_computed_tokens)
 
     def get_host_block_pool(self) -> Any:
         """The host pool's view (its free count, usage, blocks)."""
@@ -251,7 +291,8 @@ class HiSparseSeam(HiSparseCoordinator):
     def __setattr__(self, name: str, value: Any) -> None:
         """Only a call of the class may be replaced (a test's monkeypatch); setting any
         other attribute (vLLM's state) raises UnsupportedByPrefixKV naming it."""
-        if not callable(getattr(type(self), name, None)):
+        kind = getattr(type(self), name, None)
+        if not callable(kind) and not (isinstance(kind, property) and kind.fset is not None):
             _refused(f"setting {name}")
         object.__setattr__(self, name, value)
 

@@ -34,7 +34,8 @@ HOST, INDEXER, RESIDENT, HOT = range(4)
 def refused(what: str) -> NoReturn:
     """Raise UnsupportedByPrefixKV naming ``what``."""
     raise UnsupportedByPrefixKV(f"prefixkv's HiSparse manager does not serve {what} (it serves "
-                                f"prefix caching off; docs/integration.md, \"HiSparse\")")
+                                f"one resident and one hot group, no external loads; docs/integration.md, "
+                                f"\"HiSparse\")")
 
 
 class _PoolView:
@@ -48,6 +49,30 @@ class _PoolView:
         self._state, self.blocks, self._name = state, blocks, name
         self.num_gpu_blocks = len(blocks)
         self.null_block = blocks[0]
+        self.taken: dict[int, Any] = {}  # block id -> prefixkv's block, taken by another user
+
+    def _pool(self) -> Any:
+        raise NotImplementedError
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """``num_blocks`` free blocks for another user (vLLM's order: never used ones
+        first, then the oldest free; an unpinned page taken is lost to its request).
+        Raises RequestError when fewer are free (nothing changed)."""
+        if num_blocks.__class__ is not int or not 0 <= num_blocks <= self._free():
+            raise RequestError(f"cannot take {num_blocks!r} blocks, {self._free()} are free")
+        got = self._pool().take(num_blocks)
+        self.taken.update((b.block_id, b) for b in got)
+        return [self.blocks[b.block_id] for b in got]
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
+        RequestError, nothing changed, for any other block."""
+        given = list(blocks)
+        ids = [b.block_id for b in given]
+        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
+                                            for i, b in zip(ids, given, strict=True)):
+            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
+        self._pool().free([self.taken.pop(i) for i in ids])
 
     def _free(self) -> int:
         raise NotImplementedError
@@ -60,15 +85,27 @@ class _PoolView:
         """Fraction of the blocks (the null block left out) in use."""
         return 1.0 - self._free() / (self.num_gpu_blocks - 1)
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """These blocks' content is findable no more (caching on; RequestError, nothing
+        changed, unless the pool's block ids)."""
+        evict = getattr(self._state, "evict", None)
+        if evict is None:
+            refused(f"{self._name}.evict_blocks (caching off: nothing is cached)")
+        evict(sorted(block_ids), "host" if isinstance(self, HostPoolView) else "device")
+
     def __getattr__(self, name: str) -> Any:
         refused(f"{self._name}.{name}")
 
 
 class HostPoolView(_PoolView):
-    """The host pool, read-only (``coordinator.get_host_block_pool()`` in vLLM's)."""
+    """The host pool (``coordinator.get_host_block_pool()`` in vLLM's): its counts, and
+    blocks other users take and give back."""
 
     def _free(self) -> int:
         return self._state.host.num_free
+
+    def _pool(self) -> Any:
+        return self._state.host
 
 
 class DevicePoolView(_PoolView):
@@ -78,34 +115,31 @@ class DevicePoolView(_PoolView):
 
     def __init__(self, state: HiSparseState, blocks: list[KVCacheBlock]) -> None:
         super().__init__(state, blocks, "block_pool")
-        self.taken: dict[int, Any] = {}  # block id -> prefixkv's block, taken by another user
 
     def _free(self) -> int:
         return self._state.device.num_free
+
+    def _pool(self) -> Any:
+        return self._state.device
 
     def take_events(self) -> list[Any]:
         """None: nothing is cached, KV events are refused at construction."""
         return []
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """``num_blocks`` free blocks for another user (vLLM's order: never used ones
-        first, then the oldest free; an unpinned page taken is lost to its request).
-        Raises RequestError when fewer are free (nothing changed)."""
-        if num_blocks.__class__ is not int or not 0 <= num_blocks <= self._free():
-            raise RequestError(f"cannot take {num_blocks!r} blocks, {self._free()} are free")
-        got = self._state.device.take(num_blocks)
-        self.taken.update((b.block_id, b) for b in got)
-        return [self.blocks[b.block_id] for b in got]
-
-    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
-        RequestError, nothing changed, for any other block."""
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Another user holds these blocks too, until ``free_blocks`` (vLLM's ``touch``: a
+        free one leaves the free queue, its content kept). RequestError, nothing changed,
+        for the null block, an unpinned one, one another user holds, or a repeat."""
         given = list(blocks)
         ids = [b.block_id for b in given]
-        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
-                                            for i, b in zip(ids, given, strict=True)):
-            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
-        self._state.device.free([self.taken.pop(i) for i in ids])
+        device = self._state.device
+        if len(set(ids)) != len(ids) or any(
+                not 0 < i < self.num_gpu_blocks or self.blocks[i] is not b or i in self.taken
+                or i in device.unpinned for i, b in zip(ids, given, strict=True)):
+            raise RequestError(f"cannot touch blocks {ids}: the null block, unpinned ones, ones "
+                               "another user holds, or repeated")
+        got = device.acquire([device.blocks[i] for i in ids], 0)
+        self.taken.update((b.block_id, b) for b in got)
 
 
 class _GroupView(GroupView):
@@ -165,6 +199,12 @@ class HotGroupView(_GroupView):
         """Whether the request holds its whole hot region."""
         state = self._hisparse.state
         return state.holds(request_id) and len(state.request(request_id)[3]) == state.hot_blocks
+
+    @property
+    def hot_required(self) -> frozenset[str]:
+        """The live requests asked to take their hot region (a snapshot)."""
+        state = self._hisparse.state
+        return frozenset(r for r in self._hisparse.live_request_ids() if state.request(r)[4])
 
     def require_hot(self, request_id: str) -> None:
         """The live request takes its hot region with its next allocation. Raises

@@ -10,7 +10,8 @@ The groups are vLLM's: 0 the source (host pool ids), 1 the indexer, 2 the reside
 calls the seam (``advance_scheduled``, the offload command, the workers' reports).
 
 Served: the scope of ``HiSparseState`` (``hisparse.hisparse_state``): prefix caching
-off (no hit, nothing cached), one resident and one hot group, one block size; refused
+off here (no hit, nothing cached; caching on is hisparse_cache.py's subclass, which
+``hisparse_class`` picks), one resident and one hot group, one block size; refused
 with UnsupportedByPrefixKV at construction otherwise, and for KV events, a metrics
 collector, blocks to zero and context parallelism; at the call for external
 (connector) tokens, encoder tokens, hits, and ``pop_blocks_for_free``. Checked against
@@ -63,14 +64,29 @@ def _bind(call: str, names: tuple[tuple[str, Any], ...], args: tuple[Any, ...], 
     known.update(kwargs)
     return known
 
+def hisparse_class(args: tuple[Any, ...], kwargs: dict[str, Any]) -> type[KVCacheManager]:
+    """The HiSparse manager class for ``KVCacheManager(*args, **kwargs)``: caching on
+    (hisparse_cache.py's) or off."""
+    if kwargs.get("enable_caching", args[5] if len(args) > 5 else True):
+        from .hisparse_cache import HiSparseCachingKVCacheManager
+        return HiSparseCachingKVCacheManager
+    return HiSparseKVCacheManager
+
+
 class HiSparseKVCacheManager(KVCacheManager):
     """vLLM's manager calls over ``HiSparseState`` (module doc); every other call of the
-    plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state."""
+    plug-in's manager raises UnsupportedByPrefixKV naming it. ``state``: prefixkv's state;
+    ``caching``: whether the class serves prefix caching on (hisparse_cache.py's does)."""
+
+    caching = False
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, *args: Any, **kwargs: Any) -> None:
         """The base class's arguments (by position or by name: ``KVCacheManager.__init__``)."""
         o = _bind("KVCacheManager", _OPTIONS, args, kwargs)
+        if bool(o["enable_caching"]) != self.caching:
+            refused(f"enable_caching={o['enable_caching']!r} in {type(self).__name__} (KVCacheManager "
+                    "picks the HiSparse class that serves it)")
         state = hisparse_state(kv_cache_config, max_model_len, enable_caching=o["enable_caching"],
                                max_in_flight_tokens=o["max_in_flight_tokens"],
                                num_prefill_lookahead=o["num_prefill_lookahead"])

@@ -71,8 +71,8 @@ class KVCacheManager(StepCalls):
             from .cross import CrossAttentionKVCacheManager, cross_groups
             config = kwargs.get("kv_cache_config", args[0] if args else None)
             if getattr(config, "hisparse_host_num_blocks", None) is not None:
-                from .hisparse_manager import HiSparseKVCacheManager  # (a HiSparse layout)
-                cls = HiSparseKVCacheManager
+                from .hisparse_manager import hisparse_class  # (a HiSparse layout)
+                cls = hisparse_class(args, kwargs)
             elif cross_groups(config):
                 cls = CrossAttentionKVCacheManager
             elif (kwargs.get("num_hash_lookahead_tokens", args[7] if len(args) > 7 else 0)
