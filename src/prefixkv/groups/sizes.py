@@ -62,9 +62,9 @@ class BlockSizes:
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
         block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only, without
         ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
-        one hash block (``peek`` then names full-attention groups at the hash block's
-        size), and a Mamba group's partial entry sits at EAGLE's replay boundary
-        (``partial.tail``). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
+        one hash block (``peek`` then names full-attention groups, all of one size, the
+        hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
+        entry sits at EAGLE's replay boundary (``partial.tail``). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
         ``checkpoint_alignment``) not a positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
@@ -215,7 +215,9 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups, or a ``peek`` that ``_peeking`` refuses. With sizes that are not
+    number of groups, a ``peek`` that ``_peeking`` refuses, or with ``partial`` a peek
+    on a group not full attention or ``eagle`` beside full-attention groups of several
+    sizes. With sizes that are not
     ``one_size``, ``peek`` reaches every group of a peeking group's spec and size."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
@@ -228,11 +230,11 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
                           f"got {len(got.sizes)}: {got.sizes}")
     if got.partial:
         check_partial(specs, got)
-        if any(p and (s.kind != FULL or b != got.hash_size)
-               for p, s, b in zip(got.peek, specs, got.sizes, strict=False)) or got.eagle and any(
-                   not s.sparse and b != got.hash_size for s, b in zip(specs, got.sizes, strict=True)):
+        full = {b for s, b in zip(specs, got.sizes, strict=True) if not s.sparse}
+        if any(p and s.kind != FULL for p, s in zip(got.peek, specs, strict=False)) or (
+                got.eagle and len(full) > 1):
             raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with full "
-                              f"attention of the hash block's size ({got.hash_size}) only, got {got}")
+                              f"attention groups all of one size only, got {got}")
         return got
     if got.peek and not got.one_size:
         return _peeking(specs, got)

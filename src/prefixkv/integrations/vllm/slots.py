@@ -124,9 +124,12 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
     loaded = {}
     cap: int | None = hit
+    peek: bool | tuple[bool, ...] = False
     if m._hybrid:
         if m._hit_caps is not None and read:  # (a hit inside a full-attention block: hit_caps.py)
             cap = m._hit_caps.cap(request, hit, delay, m.hash_block_size)
+            if hit % m._hit_caps.fine_size:  # (found again as found: EAGLE's, with it)
+                peek = m.eagle_groups or False
         loaded = {"num_external_tokens": computed - hit,
                   "num_prompt_tokens": max(1, request.num_prompt_tokens)}
         if m._retains:  # (the windows' retention keeps what a hit reads at vLLM's junction)
@@ -134,7 +137,7 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
-                                 max_hit_tokens=cap if read else None,
+                                 max_hit_tokens=cap if read else None, peek=peek,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
                                  require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
