@@ -64,8 +64,9 @@ class BlockSizes:
         ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
         one hash block (``peek`` then names full-attention groups, all of one size, the
         hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
-        entry sits at EAGLE's replay boundary (``partial.tail``). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
-        ``checkpoint_alignment``) not a positive int, a size not a multiple of
+        entry sits at EAGLE's replay boundary (``partial.tail``). Raises ConfigError: no
+        sizes, a size (or ``hash_size``, ``align``, ``checkpoint_alignment``) not a
+        positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
         not a bool or without ``partial``, ``checkpoint_alignment`` without
