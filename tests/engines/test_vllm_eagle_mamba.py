@@ -300,14 +300,3 @@ def test_eagle_beside_mamba_on_other_layouts_is_refused_by_name(groups, sizes, n
     with pytest.raises(UnsupportedByPrefixKV, match=named):
         KVCacheManager(_config(groups, 20, None), max_model_len=8192, scheduler_block_size=sizes[0],
                        hash_block_size=sizes[1], use_eagle=True)
-
-
-def test_mambas_shared_prefix_checkpoints_beside_eagle_are_refused_by_name():
-    # vLLM acts on enable_mamba_shared_prefix_checkpoint with EAGLE and partial hits
-    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
-
-    with pytest.raises(UnsupportedByPrefixKV, match="shared-prefix checkpoints"):
-        KVCacheManager(_config(((16, None), (32, "mamba")), 20, None), max_model_len=8192,
-                       scheduler_block_size=32, hash_block_size=16, use_eagle=True,
-                       enable_mamba_shared_prefix_checkpoint=True)
-

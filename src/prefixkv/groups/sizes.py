@@ -45,11 +45,13 @@ class BlockSizes:
     checkpoints: bool = False  # vLLM's chunk-end checkpoint blocks (groups/checkpoints.py)
     checkpoint_alignment: int = 0  # their alignment in tokens (vLLM's prefill_checkpoint_alignment)
     eagle: bool = False  # vLLM's EAGLE beside partial hits: Mamba's entries at its replay boundary
+    shared_prefix: bool = False  # with eagle: Mamba's entries at a step ending at the junction too
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
            peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False,
-           checkpoint_alignment: int | None = None, eagle: bool = False) -> BlockSizes:
+           checkpoint_alignment: int | None = None, eagle: bool = False,
+           shared_prefix: bool = False) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
@@ -64,13 +66,17 @@ class BlockSizes:
         ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
         one hash block (``peek`` then names full-attention groups, all of one size, the
         hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
-        entry sits at EAGLE's replay boundary (``partial.tail``). Raises ConfigError: no
+        entry sits at EAGLE's replay boundary (``partial.tail``). ``shared_prefix``
+        (with ``eagle`` only): vLLM's ``enable_mamba_shared_prefix_checkpoint``, a Mamba
+        group's partial entry also where a prompt step ends at the request's junction
+        (``add_request(junction=)``; ``partial.tail``). Raises ConfigError: no
         sizes, a size (or ``hash_size``, ``align``, ``checkpoint_alignment``) not a
         positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
         not a bool or without ``partial``, ``checkpoint_alignment`` without
-        ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``."""
+        ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``,
+        ``shared_prefix`` not a bool or without ``eagle``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -91,6 +97,8 @@ class BlockSizes:
         if type(eagle) is not bool or (eagle and (partial is not True or checkpoints)):
             raise ConfigError(f"eagle must be a bool, and False without partial or with checkpoints, "
                               f"got {eagle!r}")
+        if type(shared_prefix) is not bool or (shared_prefix and eagle is not True):
+            raise ConfigError(f"shared_prefix must be a bool, and False without eagle, got {shared_prefix!r}")
         if type(partial) is not bool or (partial and any(flags) and not eagle):
             raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
                               f"got {partial!r}")
@@ -100,7 +108,7 @@ class BlockSizes:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \
             check_positive("checkpoint_alignment", checkpoint_alignment)
-        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle)
+        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle, shared_prefix)
 
     @property
     def unit(self) -> int:
@@ -225,7 +233,7 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
         return BlockSizes((b,) * len(specs), b, b)
     got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
                         block_size.partial, block_size.checkpoints, block_size.checkpoint_alignment or None,
-                        block_size.eagle)
+                        block_size.eagle, block_size.shared_prefix)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")

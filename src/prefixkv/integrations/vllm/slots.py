@@ -132,7 +132,8 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
                 peek = m.eagle_groups or False
         loaded = {"num_external_tokens": computed - hit,
                   "num_prompt_tokens": max(1, request.num_prompt_tokens)}
-        if m._retains:  # (the windows' retention keeps what a hit reads at vLLM's junction)
+        if m._retains or m.mamba_shared_prefix_checkpoint:  # (the windows' retention keeps what a
+            # hit reads at vLLM's junction; Mamba's shared-prefix checkpoint is recorded there)
             loaded["junction"] = request.shared_prefix_boundary
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
