@@ -242,8 +242,8 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
         full = {b for s, b in zip(specs, got.sizes, strict=True) if not s.sparse}
         if any(p and s.kind != FULL for p, s in zip(got.peek, specs, strict=False)) or (
                 got.eagle and len(full) > 1):
-            raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with full "
-                              f"attention groups all of one size only, got {got}")
+            raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with peek on "
+                              f"full-attention groups only, all of one size, got {got}")
         return got
     if got.peek and not got.one_size:
         return _peeking(specs, got)

@@ -124,21 +124,20 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
     loaded = {}
     cap: int | None = hit
-    peek: bool | tuple[bool, ...] = False
     if m._hybrid:
-        if m._hit_caps is not None and read:  # (a hit inside a full-attention block: hit_caps.py)
-            cap = m._hit_caps.cap(request, hit, delay, m.hash_block_size)
-            if hit % m._hit_caps.fine_size:  # (found again as found: EAGLE's, with it)
-                peek = m.eagle_groups or False
         loaded = {"num_external_tokens": computed - hit,
                   "num_prompt_tokens": max(1, request.num_prompt_tokens)}
+        if m._hit_caps is not None and read:  # (a hit inside a full-attention block: hit_caps.py)
+            cap = m._hit_caps.cap(request, hit, delay, m.hash_block_size)
+            if hit % m._hit_caps.fine_size and m.eagle_groups:  # (found again as found: EAGLE's)
+                loaded["peek"] = m.eagle_groups
         if m._retains or m.mamba_shared_prefix_checkpoint:  # (the windows' retention keeps what a
             # hit reads at vLLM's junction; Mamba's shared-prefix checkpoint is recorded there)
             loaded["junction"] = request.shared_prefix_boundary
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
-                                 max_hit_tokens=cap if read else None, peek=peek,
+                                 max_hit_tokens=cap if read else None,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
                                  require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
