@@ -62,11 +62,11 @@ class BlockSizes:
         ``checkpoints``: vLLM's chunk-end checkpoint blocks, one per Mamba group
         (groups/checkpoints.py; with ``partial`` only), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
-        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only, without
-        ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
+        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only;
+        docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
         one hash block (``peek`` then names full-attention groups, all of one size, the
         hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
-        entry sits at EAGLE's replay boundary (``partial.tail``). ``shared_prefix``
+        entry, and a checkpoint, sit at EAGLE's replay boundary (``replay_at``). ``shared_prefix``
         (with ``eagle`` only): vLLM's ``enable_mamba_shared_prefix_checkpoint``, a Mamba
         group's partial entry also where a prompt step ends at the request's junction
         (``add_request(junction=)``; ``partial.tail``). Raises ConfigError: no
@@ -75,7 +75,7 @@ class BlockSizes:
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
         not a bool or without ``partial``, ``checkpoint_alignment`` without
-        ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``,
+        ``checkpoints``, ``eagle`` not a bool or without ``partial``,
         ``shared_prefix`` not a bool or without ``eagle``."""
         try:
             got = tuple(sizes)
@@ -94,9 +94,8 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        if type(eagle) is not bool or (eagle and (partial is not True or checkpoints)):
-            raise ConfigError(f"eagle must be a bool, and False without partial or with checkpoints, "
-                              f"got {eagle!r}")
+        if type(eagle) is not bool or (eagle and partial is not True):
+            raise ConfigError(f"eagle must be a bool, and False without partial, got {eagle!r}")
         if type(shared_prefix) is not bool or (shared_prefix and eagle is not True):
             raise ConfigError(f"shared_prefix must be a bool, and False without eagle, got {shared_prefix!r}")
         if type(partial) is not bool or (partial and any(flags) and not eagle):
@@ -109,6 +108,14 @@ class BlockSizes:
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \
             check_positive("checkpoint_alignment", checkpoint_alignment)
         return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle, shared_prefix)
+
+    def replay_at(self, n: int) -> int:
+        """Where a Mamba state of ``n`` tokens (a prompt's, a step's end) is kept for a
+        hit to resume at (vLLM's ``get_mamba_prefill_checkpoint_position`` at the hash
+        block): the last hash boundary before its last token; with ``eagle``, one hash
+        block below its last hash boundary (EAGLE's hit drops one; 0 at least)."""
+        h = self.hash_size
+        return max(n // h * h - h, 0) if self.eagle else (n - 1) // h * h
 
     @property
     def unit(self) -> int:
