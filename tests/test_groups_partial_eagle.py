@@ -64,7 +64,8 @@ def test_a_peeking_hit_drops_one_hash_block_below_full_attentions_run():
 @pytest.mark.parametrize(("kw", "named"), [
     ({"partial": True, "eagle": 1}, "eagle must be a bool"),
     ({"eagle": True}, "eagle must be a bool"),  # (without partial)
-    ({"partial": True, "checkpoints": True, "eagle": True}, "eagle must be a bool"),
+    ({"partial": True, "shared_prefix": True}, "shared_prefix must be a bool"),  # (without eagle)
+    ({"partial": True, "eagle": True, "shared_prefix": 1}, "shared_prefix must be a bool"),
     ({"partial": True, "peek": PEEK}, "partial must be a bool"),  # (peek without eagle)
 ])
 def test_eagle_is_refused_where_not_served(kw, named):
@@ -123,8 +124,3 @@ def test_a_step_ending_at_the_junction_records_mambas_shared_prefix_checkpoint()
         m.release_copies(m.take_kv_ops())
         m.free("a")
         assert m.lookup(list(range(8)) + [99] * 10, peek=PEEK) == want, shared
-
-
-def test_shared_prefix_needs_eagle():
-    with pytest.raises(ConfigError, match="shared_prefix must be a bool"):
-        BlockSizes.of([2, 4], partial=True, shared_prefix=True)
