@@ -76,16 +76,7 @@ def _fine_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], cap: int, pee
         no entry   | block 0 whole  | block 1 whole  |              -> hit 7, inside block 1
     """
     limit = len(nodes) if peek else min(cap, len(nodes))
-    s = self._group_sizes[self._fine[0]] // self._hash_size
-    top = limit // s * s
-    for g in self._fine:
-        k = 0
-        for found in self._index.finds(g, nodes[s - 1:top:s]):
-            if not found:
-                break
-            k += 1
-        top = k * s
-    top = partial_full.extend(self, nodes, top, limit)
+    top = partial_full.extend(self, nodes, partial_full.whole_run(self, nodes, limit), limit)
     if alone is not None:
         for g in self._fine:
             alone[g] = top

@@ -53,8 +53,16 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
     cap = min(limit, len(nodes))
     if before:
         cap = _plain_run(self, nodes, before, cap)
+    top = extend(self, nodes, whole_run(self, nodes, cap), cap)
+    if after:
+        top = _plain_run(self, nodes, after, top)
+    return partial.mamba_hit(self, nodes, top)
+
+
+def whole_run(self: HybridKVCacheManager, nodes: Sequence[Prefix], top: int) -> int:
+    """The run of whole blocks of ``nodes[:top]`` every fine group finds, in hash
+    blocks (vLLM's phase 1)."""
     s = self._group_sizes[self._fine[0]] // self._hash_size
-    top = cap
     for g in self._fine:
         k = 0
         for found in self._index.finds(g, nodes[s - 1:top:s]):
@@ -62,10 +70,7 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
                 break
             k += 1
         top = k * s
-    top = extend(self, nodes, top, cap)
-    if after:
-        top = _plain_run(self, nodes, after, top)
-    return partial.mamba_hit(self, nodes, top)
+    return top
 
 
 def _plain_run(self: HybridKVCacheManager, nodes: Sequence[Prefix], groups: Sequence[int], top: int) -> int:
