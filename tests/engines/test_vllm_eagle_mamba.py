@@ -30,13 +30,15 @@ torch = pytest.importorskip("torch")
 from .test_vllm_block_sizes_reference import _request, _spec  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
-from .test_vllm_sized_model import MAX_LEN, PARTIAL, PROMPT  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
 
-LAYOUTS = {  # (block size, kind) per group, all at one size ...
-    "full8+mamba8": ((8, None), (8, "mamba")),
-    "mamba4+full4+full4": ((4, "mamba"), (4, None), (4, None)),
-    # ... and with vLLM's fine-grained partial hits (full attention at the hash block)
-    **{f"partial hits: {k}": v for k, v in PARTIAL.items()},
+LAYOUTS = {  # ((block size, kind) per group, the hash block: None, their gcd), all at one size ...
+    "full8+mamba8": (((8, None), (8, "mamba")), None),
+    "mamba4+full4+full4": (((4, "mamba"), (4, None), (4, None)), None),
+    # ... with vLLM's fine-grained partial hits (full attention at the hash block) ...
+    **{f"partial hits: {k}": (v, None) for k, v in PARTIAL.items()},
+    # ... and full attention larger than the hash block (its hits inside its blocks)
+    **{f"partial hits in full attention: {k}": v for k, v in PARTIAL_FULL.items()},
 }
 
 
@@ -73,16 +75,19 @@ def _config(groups: Any, num_blocks: int, flag: int | None) -> Any:
     return replace(c, kv_cache_groups=kv)
 
 
-def sides(groups: Any, num_blocks: int, flag: int | None, events: bool = False) -> Sides:
+def sides(groups: Any, num_blocks: int, flag: int | None, events: bool = False,
+          hash_size: int | None = None) -> Sides:
     """``EagleSides`` whose two managers take ``use_eagle`` (vLLM's partial hits on where
-    the groups' sizes differ), ``is_eagle_group`` on group ``flag`` (None: none)."""
+    the groups' sizes differ or the hash block, ``hash_size``, is smaller),
+    ``is_eagle_group`` on group ``flag`` (None: none)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     from prefixkv.integrations.vllm import KVCacheManager
 
-    s = EagleSides(groups, num_blocks, partial=len({b for b, _ in groups}) > 1, events=events)
+    s = EagleSides(groups, num_blocks, partial=len({b for b, _ in groups}) > 1 or hash_size is not None,
+                   events=events, hash_size=hash_size)
     s.groups, s.written, s.copied, s.checked = groups, {}, [], 0  # (check_holds)
     init_none_hash(sha256)
     s.ms = [make(_config(groups, num_blocks, flag), max_model_len=256, scheduler_block_size=s.lcm,
@@ -96,7 +101,8 @@ def check_holds(s: Sides, probe: list[int]) -> None:
     """Note what prefixkv's blocks hold now (``_write``), then check that the blocks of
     its hit for ``probe`` and for each live request's tokens hold, in their group, what
     the hit says: an attention block the prefix up to its end, a Mamba group's last
-    entry the state at the hit's end (a wrong KV: anything else)."""
+    entry the state at the hit's end (a wrong KV: anything else; an attention block the
+    hit ends inside of, the prefix up to the hit's end followed by anything)."""
     _write(s)
     m = s.ms[1]
     for tokens in [probe] + [list(r.all_token_ids) + [0] for r in s.reqs[1].values()]:
@@ -107,19 +113,23 @@ def check_holds(s: Sides, probe: list[int]) -> None:
                 assert not ids or s.written.get(ids[-1]) == tuple(tokens[:hit]), (g, ids, hit)
                 continue
             for j, i in enumerate(ids):
-                assert s.written.get(i) == tuple(tokens[:(j + 1) * b]), (g, j, i, hit)
+                want = tuple(tokens[:min((j + 1) * b, hit)])
+                assert (s.written.get(i) or ())[:len(want)] == want, (g, j, i, hit)
         s.checked += hit > 0
 
 
 def _write(s: Sides) -> None:
     """What prefixkv's blocks hold after the step (by block id): first the copies the
     step queued (their source's content before it), then each live request's tokens up
-    to each whole block it computed in an attention group, and in a Mamba group the
-    state at its computed tokens in the block its step ended in."""
+    to the end of each block it computed in an attention group (or its computed
+    tokens, inside one), and in a Mamba group the state at its computed tokens in the
+    block its step ended in."""
     m = s.ms[1]
     for src, dst in s.copied:
         s.written[dst] = s.written.get(src)
     s.copied.clear()
+    if hasattr(s, "write_checkpoint"):  # (test_vllm_eagle_mamba_checkpoints.py)
+        s.write_checkpoint()
     for r in s.reqs[1].values():
         n, tokens = r.num_computed_tokens, tuple(r.all_token_ids)
         for g, ids in enumerate(m.get_block_ids(r.request_id)):
@@ -129,8 +139,8 @@ def _write(s: Sides) -> None:
                 if 0 <= j < len(ids) and ids[j]:
                     s.written[ids[j]] = tokens[:n]
                 continue
-            for j, i in enumerate(ids[:n // b]):
-                s.written[i] = tokens[:(j + 1) * b]
+            for j, i in enumerate(ids[:-(-n // b)]):
+                s.written[i] = tokens[:min((j + 1) * b, n)]
 
 
 def _noting_copies(s: Sides) -> None:
@@ -151,22 +161,22 @@ def _noting_copies(s: Sides) -> None:
 @settings(max_examples=30, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_eagle_hits_beside_mamba(layout, small, flag, ops, probe):
-    groups = LAYOUTS[layout]
+    groups, h = LAYOUTS[layout]
     if flag is not None and flag >= len(groups):
         return
-    s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, flag)
+    s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, flag, hash_size=h)
     s.drive(ops, probe, lambda s: check_holds(s, probe))
 
 
 
-@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k.startswith("partial hits: ")])
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k.startswith("partial hits")])
 @settings(max_examples=25, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_announces_vllms_events_with_eagle_beside_mamba(layout, ops, probe):
     # (vLLM's KV events on: after every step the same entries stored and removed, the
     # Mamba partial entries at EAGLE's replay boundary included; up to the first spare)
-    groups = LAYOUTS[layout]
-    s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3, None, events=True)
+    groups, h = LAYOUTS[layout]
+    s = sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3, None, events=True, hash_size=h)
     s.drive(ops, probe, then=lambda s: s.same_events(groups))
 
 
@@ -241,8 +251,48 @@ def test_eagle_beside_mamba_flagged_on_mamba_only_drops_nothing():
     assert _hits(m, (49,)) == [(48, [[1, 2, 3], [0, 0, 4]], 0)]
 
 
+def test_eagle_hit_inside_a_whole_full_attention_block_is_copied_on_write():
+    # Full attention and Mamba at 4, hash block 2: 16 tokens computed in steps ending at
+    # 4, 8, 12, 14 (Mamba's entry: one hash block below the prompt's last boundary, 16)
+    # and 16; the entry moved to its copy (8 -> 9) at the last step. With EAGLE a prompt
+    # of 17 (or 16) matches full attention's 4 whole blocks, drops one hash block: 14,
+    # inside block 7 (whole), where Mamba holds the entry (block 9); one of 15 (cap 14)
+    # matches 3 blocks, no entry inside the next, drops one: 10, Mamba's state at 8, the
+    # junction 10. Admitting the 17 copies block 7 into 10 and Mamba's 9 into 12. Both
+    # managers alike.
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    init_none_hash(sha256)
+    for make in (VllmManager, KVCacheManager):
+        m = make(_config(((4, None), (4, "mamba")), 30, None), max_model_len=8192,
+                 scheduler_block_size=4, hash_block_size=2, use_eagle=True)
+        a = _request("a", list(range(16)), 2)
+        for n in (4, 4, 4, 2, 2):
+            m.new_step_starts()
+            assert m.allocate_slots(a, n) is not None
+            a.num_computed_tokens += n
+        assert [(c.src_block_id, c.dst_block_id) for c in m.take_kv_cache_block_copies()[0]] == [(8, 9)]
+        m.free(a)
+        m.new_step_starts()
+        got = []
+        for tokens in (list(range(16)) + [99], list(range(16)), list(range(15))):
+            blocks, hit, junction = m.get_computed_blocks(_request("b", tokens, 2))
+            got.append((hit, [list(g) for g in blocks.get_block_ids()], junction))
+        assert got == [(14, [[1, 3, 5, 7], [0, 0, 0, 9]], 0), (14, [[1, 3, 5, 7], [0, 0, 0, 9]], 0),
+                       (8, [[1, 3], [0, 4]], 10)]
+        c = _request("c", list(range(16)) + [99], 2)
+        blocks, hit, _ = m.get_computed_blocks(c)
+        assert m.allocate_slots(c, 17 - hit, hit, blocks) is not None
+        assert [list(g) for g in m.get_block_ids("c")] == [[1, 3, 5, 10, 11], [0, 0, 0, 12, 13]]
+        assert [(c.src_block_id, c.dst_block_id) for c in m.take_kv_cache_block_copies()[0]] == \
+            [(7, 10), (9, 12)]
+
+
 @pytest.mark.parametrize(("groups", "sizes", "named"), [
-    (((32, None), (32, "mamba")), (32, 16), "hash block's size"),  # (partial hits, full 32)
     (((32, None), (16, "mamba")), (32, 16), "one block size"),  # (no partial hits)
     (((16, None), (16, 32), (16, "mamba")), (16, 16), "one other group spec"),
 ])
@@ -252,14 +302,3 @@ def test_eagle_beside_mamba_on_other_layouts_is_refused_by_name(groups, sizes, n
     with pytest.raises(UnsupportedByPrefixKV, match=named):
         KVCacheManager(_config(groups, 20, None), max_model_len=8192, scheduler_block_size=sizes[0],
                        hash_block_size=sizes[1], use_eagle=True)
-
-
-def test_mambas_shared_prefix_checkpoints_beside_eagle_are_refused_by_name():
-    # vLLM acts on enable_mamba_shared_prefix_checkpoint with EAGLE and partial hits
-    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
-
-    with pytest.raises(UnsupportedByPrefixKV, match="shared-prefix checkpoints"):
-        KVCacheManager(_config(((16, None), (32, "mamba")), 20, None), max_model_len=8192,
-                       scheduler_block_size=32, hash_block_size=16, use_eagle=True,
-                       enable_mamba_shared_prefix_checkpoint=True)
-

@@ -45,7 +45,7 @@ def position(sizes: BlockSizes, b: int, start: int, end: int, last: int = 0) -> 
     ``b`` at ``sizes`` (module docstring), its table aside: ``(c, j)``, or None (none,
     checkpoints off, or ``end`` below ``last``: ``prefill_end``)."""
     h = sizes.hash_size
-    c, j = (end - 1) // h * h, blocks_for(end, b) - 2
+    c, j = sizes.replay_at(end), blocks_for(end, b) - 2
     if not sizes.checkpoints or start % h or start + h > c or j <= (start - 1) // b \
             or (c - start) % sizes.checkpoint_alignment or end < last:
         return None
@@ -116,7 +116,7 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
         return False
-    h, tail = self._hash_size, (req.num_prompt - 1) // self._hash_size * self._hash_size
+    h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt)
     for g, c, j in got[1]:
         b = self._group_sizes[g]
         x = req.tables[g][j]
@@ -138,7 +138,7 @@ def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
         return set()
-    tail = (req.num_prompt - 1) // self._hash_size * self._hash_size
+    tail = self.sizes.replay_at(req.num_prompt)
     return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
 
 

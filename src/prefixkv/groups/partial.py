@@ -130,10 +130,13 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     ``get_mamba_prefill_checkpoint_position`` with ``drop_eagle_block``), inside a Mamba
     block, record the block under the
     boundary's prefix id (vLLM's ``cache_partial_block``); the request owns the entry
-    (``moved`` at its next growth)."""
+    (``moved`` at its next growth). With ``sizes.shared_prefix``, also when the step
+    ended at the request's junction (``req.marks[1:]``), a hash boundary of its prompt
+    (vLLM's shared-prefix checkpoint: a sibling's EAGLE hit resumes there)."""
     h, n, p = self._hash_size, req.num_scheduled, req.num_prompt
-    if n != ((p // h * h - h) if self.sizes.eagle else (p - 1) // h * h) or not n:
-        return
+    if n != self.sizes.replay_at(p) or not n:
+        if not (self.sizes.shared_prefix and n in req.marks[1:] and n <= p and not n % h):
+            return
     node = req.nodes[n // h - 1]
     for g in self._sparse:
         b, table = self._group_sizes[g], req.tables[g]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.request import RequestKeys
-from . import partial
+from . import partial, partial_full
 from .prefixes import Prefix
 
 if TYPE_CHECKING:
@@ -42,8 +42,10 @@ def eagle_hit(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Request
     walked = min(n, cap + self._hash_size) // self._hash_size
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
     top = len(nodes)
+    if self._fine:
+        top = _fine_hit(self, nodes, cap // self._hash_size, peek[self._fine[0]], alone)
     for g, spec in enumerate(self.groups):
-        if spec.sparse:
+        if spec.sparse or g in self._fine:
             continue
         run = 0
         for found in self._index.finds(g, nodes):
@@ -57,3 +59,25 @@ def eagle_hit(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Request
         for g in self._sparse:
             alone[g] = partial.mamba_hit(self, nodes, len(nodes))
     return nodes[:partial.mamba_hit(self, nodes, top)]
+
+
+def _fine_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], cap: int, peek: bool,
+              alone: list[int] | None) -> int:
+    """The hit, in hash blocks, of the full-attention groups larger than the hash block
+    (``_fine``, one spec: vLLM looks them up together) over ``nodes`` (the walk, within
+    ``cap`` hash blocks plus one): their run of whole blocks, then the longest hash
+    boundary inside the next block whose partial entry every one holds
+    (``partial_full.extend``, which keeps what it found for ``rows``), within ``cap``
+    unless they ``peek``; peeking, less one hash block (vLLM's drop of one hash unit:
+    a hit inside a whole block is then copied on write, ``partial.cows``).
+
+        full (4h)  | block 0 whole  | block 1 whole  | h | h | P |     (P: an entry)
+        peek       |                 run 8, extend to 11, hit 10 ^
+        no entry   | block 0 whole  | block 1 whole  |              -> hit 7, inside block 1
+    """
+    limit = len(nodes) if peek else min(cap, len(nodes))
+    top = partial_full.extend(self, nodes, partial_full.whole_run(self, nodes, limit), limit)
+    if alone is not None:
+        for g in self._fine:
+            alone[g] = top
+    return max(top - 1, 0) if peek else top

@@ -53,8 +53,16 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
     cap = min(limit, len(nodes))
     if before:
         cap = _plain_run(self, nodes, before, cap)
+    top = extend(self, nodes, whole_run(self, nodes, cap), cap)
+    if after:
+        top = _plain_run(self, nodes, after, top)
+    return partial.mamba_hit(self, nodes, top)
+
+
+def whole_run(self: HybridKVCacheManager, nodes: Sequence[Prefix], top: int) -> int:
+    """The run of whole blocks of ``nodes[:top]`` every fine group finds, in hash
+    blocks (vLLM's phase 1)."""
     s = self._group_sizes[self._fine[0]] // self._hash_size
-    top = cap
     for g in self._fine:
         k = 0
         for found in self._index.finds(g, nodes[s - 1:top:s]):
@@ -62,10 +70,7 @@ def longest_hit(self: HybridKVCacheManager, nodes: Sequence[Prefix], limit: int)
                 break
             k += 1
         top = k * s
-    top = extend(self, nodes, top, cap)
-    if after:
-        top = _plain_run(self, nodes, after, top)
-    return partial.mamba_hit(self, nodes, top)
+    return top
 
 
 def _plain_run(self: HybridKVCacheManager, nodes: Sequence[Prefix], groups: Sequence[int], top: int) -> int:
@@ -128,17 +133,27 @@ def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, nodes: Sequenc
     the hit is the prompt's last hash boundary, the copy holds its entry (``tail``'s
     rule, at the admission's caching)."""
     h, k = self._hash_size, len(nodes)
-    if (req.num_prompt - 1) // h == k:
+    if _last(self, req.num_prompt) == k:
         fine.hold(self._index, g, copy, nodes[-1], k - 1, req.tokens,
                   req.keys.for_event(k - 1, h) if self._index.hashing else None, h)
 
 
+def _last(self: HybridKVCacheManager, p: int) -> int:
+    """The hash boundary, in hash blocks, of a prompt of ``p`` tokens that the fine
+    groups' partial entry keys: its last before its last token (a resend's longest
+    hit); when they peek (vLLM's EAGLE groups: ``sizes.peek``), its last (their lookup
+    reads the whole prompt, then drops one hash block)."""
+    peek = self.sizes.peek
+    return p // self._hash_size if peek and peek[self._fine[0]] else (p - 1) // self._hash_size
+
+
 def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     """vLLM's ``_cache_partial_tail_block`` for each fine group after a step: once
-    ``req`` computed its prompt's last hash boundary before its last token, inside one
-    of the group's blocks, that block holds the boundary's prefix (``fine.hold``)."""
+    ``req`` computed its prompt's last hash boundary before its last token (with
+    ``sizes.eagle``, its last: ``_last``), inside one of the group's blocks, that block
+    holds the boundary's prefix (``fine.hold``)."""
     h = self._hash_size
-    end = (req.num_prompt - 1) // h * h
+    end = _last(self, req.num_prompt) * h
     i = end // h - 1
     if not end or end > min(req.num_scheduled, len(req.tokens)) or i >= len(req.nodes):
         return

@@ -96,7 +96,8 @@ def construct(
         if self._fine and plain:  # (full attention of the hash block's size too: looked up in vLLM's order)
             self._fine_plain = (plain, ()) if plain[0] < self._fine[0] else ((), plain)
     self._uncached = not all(s.cached for s in specs)
-    self._retains = any(s.retention is not None for s in specs) or sizes.checkpoints  # (GroupRequest.marks)
+    self._retains = any(s.retention is not None for s in specs) or sizes.checkpoints \
+        or sizes.shared_prefix  # (GroupRequest.marks)
     self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)
     self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs) \
         if enable_caching else (_UNCACHED,) * len(specs)  # (caching off: nothing recorded)

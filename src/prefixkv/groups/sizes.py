@@ -45,11 +45,13 @@ class BlockSizes:
     checkpoints: bool = False  # vLLM's chunk-end checkpoint blocks (groups/checkpoints.py)
     checkpoint_alignment: int = 0  # their alignment in tokens (vLLM's prefill_checkpoint_alignment)
     eagle: bool = False  # vLLM's EAGLE beside partial hits: Mamba's entries at its replay boundary
+    shared_prefix: bool = False  # with eagle: Mamba's entries at a step ending at the junction too
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
            peek: Sequence[bool] = (), partial: bool = False, checkpoints: bool = False,
-           checkpoint_alignment: int | None = None, eagle: bool = False) -> BlockSizes:
+           checkpoint_alignment: int | None = None, eagle: bool = False,
+           shared_prefix: bool = False) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
@@ -61,17 +63,21 @@ class BlockSizes:
         (groups/checkpoints.py; with ``partial``, or at one size without ``peek``: a
         checkpoint then ends its entry), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
-        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only, without
-        ``checkpoints``; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
-        one hash block (``peek`` then names full-attention groups at the hash block's
-        size), and a Mamba group's partial entry sits at EAGLE's replay boundary
-        (``partial.tail``). Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``,
-        ``checkpoint_alignment``) not a positive int, a size not a multiple of
+        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only;
+        docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
+        one hash block (``peek`` then names full-attention groups, all of one size, the
+        hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
+        entry, and a checkpoint, sit at EAGLE's replay boundary (``replay_at``). ``shared_prefix``
+        (with ``eagle`` only): vLLM's ``enable_mamba_shared_prefix_checkpoint``, a Mamba
+        group's partial entry also where a prompt step ends at the request's junction
+        (``add_request(junction=)``; ``partial.tail``). Raises ConfigError: no
+        sizes, a size (or ``hash_size``, ``align``, ``checkpoint_alignment``) not a
+        positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
         not a bool or without ``partial`` (but at one size, without ``peek``),
-        ``checkpoint_alignment`` without
-        ``checkpoints``, ``eagle`` not a bool, without ``partial`` or with ``checkpoints``."""
+        ``checkpoint_alignment`` without ``checkpoints``, ``eagle`` not a bool or without
+        ``partial``, ``shared_prefix`` not a bool or without ``eagle``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -89,9 +95,10 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        if type(eagle) is not bool or (eagle and (partial is not True or checkpoints)):
-            raise ConfigError(f"eagle must be a bool, and False without partial or with checkpoints, "
-                              f"got {eagle!r}")
+        if type(eagle) is not bool or (eagle and partial is not True):
+            raise ConfigError(f"eagle must be a bool, and False without partial, got {eagle!r}")
+        if type(shared_prefix) is not bool or (shared_prefix and eagle is not True):
+            raise ConfigError(f"shared_prefix must be a bool, and False without eagle, got {shared_prefix!r}")
         if type(partial) is not bool or (partial and any(flags) and not eagle):
             raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
                               f"got {partial!r}")
@@ -102,7 +109,15 @@ class BlockSizes:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \
             check_positive("checkpoint_alignment", checkpoint_alignment)
-        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle)
+        return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle, shared_prefix)
+
+    def replay_at(self, n: int) -> int:
+        """Where a Mamba state of ``n`` tokens (a prompt's, a step's end) is kept for a
+        hit to resume at (vLLM's ``get_mamba_prefill_checkpoint_position`` at the hash
+        block): the last hash boundary before its last token; with ``eagle``, one hash
+        block below its last hash boundary (EAGLE's hit drops one; 0 at least)."""
+        h = self.hash_size
+        return max(n // h * h - h, 0) if self.eagle else (n - 1) // h * h
 
     @property
     def unit(self) -> int:
@@ -218,24 +233,26 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups, or a ``peek`` that ``_peeking`` refuses. With sizes that are not
+    number of groups, a ``peek`` that ``_peeking`` refuses, or with ``partial`` a peek
+    on a group not full attention or ``eagle`` beside full-attention groups of several
+    sizes. With sizes that are not
     ``one_size``, ``peek`` reaches every group of a peeking group's spec and size."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
     got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
                         block_size.partial, block_size.checkpoints, block_size.checkpoint_alignment or None,
-                        block_size.eagle)
+                        block_size.eagle, block_size.shared_prefix)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
     if got.partial:
         check_partial(specs, got)
-        if any(p and (s.kind != FULL or b != got.hash_size)
-               for p, s, b in zip(got.peek, specs, got.sizes, strict=False)) or got.eagle and any(
-                   not s.sparse and b != got.hash_size for s, b in zip(specs, got.sizes, strict=True)):
-            raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with full "
-                              f"attention of the hash block's size ({got.hash_size}) only, got {got}")
+        full = {b for s, b in zip(specs, got.sizes, strict=True) if not s.sparse}
+        if any(p and s.kind != FULL for p, s in zip(got.peek, specs, strict=False)) or (
+                got.eagle and len(full) > 1):
+            raise ConfigError(f"eagle and peek (vLLM's EAGLE) beside partial hits are served with peek on "
+                              f"full-attention groups only, all of one size, got {got}")
         return got
     if got.peek and not got.one_size:
         return _peeking(specs, got)

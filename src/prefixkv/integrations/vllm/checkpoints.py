@@ -87,10 +87,10 @@ def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[i
     set to 0 in ``after`` (vLLM notes no whole block there: it holds the state at the
     checkpoint); the one recorded as an entry (at the prompt's last hash boundary or the
     junction, the same in every group), or 0; ``last``: ``prefill_end``."""
-    h, got = sizes.hash_size, 0
+    got = 0
     for g, c, j in _taken(sizes, sparse, before, start, end, 0, last):
         if c % sizes.sizes[g]:
             after[g][j] = 0
-            if c in ((prompt - 1) // h * h, junction):
+            if c in (sizes.replay_at(prompt), junction):
                 got = c
     return got

@@ -56,7 +56,7 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
                 keys = [vllm_extra_keys(extra, j * bs, width) for j in range(first, first + n)]
             after = e.lookahead_token_ids if la else None  # type: ignore[attr-defined]
             last = out[-1] if out else None
-            if (isinstance(last, BlockStored) and last.group_idx == group
+            if (isinstance(last, BlockStored) and last.group_idx == group and last.block_size == bs
                     and e.parent_block_hash == last.block_hashes[-1]
                     and (last.lora_name, last.lora_id, last.medium) == (lora, lora_id, e.medium)):
                 last.block_hashes.extend(e.block_hashes)

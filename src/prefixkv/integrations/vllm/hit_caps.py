@@ -46,10 +46,12 @@ class HitCaps:
     def lookup(self, m: KVCacheManager, request: Request, prompt: Any, extra: Any,
                cap: int | None) -> tuple[KVCacheBlocks, int]:
         """``hits.lookup`` here: the hit's blocks per group (rows that may end with a
-        block the hit ends inside) and its tokens, the core's; noted with ``cap``."""
-        ids = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+        block the hit ends inside) and its tokens, the core's (with ``m.use_eagle``,
+        EAGLE's: ``peek``, in ``m.eagle_groups``); noted with ``cap``."""
+        peek = m.eagle_groups or False
+        ids = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap, peek=peek)
         blocks = m._blocks.of(ids)
-        n: int = m.core.lookup(prompt, extra=extra, max_hit_tokens=cap) if ids[m.hit_group] else 0
+        n: int = m.core.lookup(prompt, extra=extra, max_hit_tokens=cap, peek=peek) if ids[m.hit_group] else 0
         self.note(request, n, cap)
         if n:
             m._telemetry.on_accessed(blocks)

@@ -255,7 +255,8 @@ def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
-               peek: tuple[bool, ...] = (), lookahead: int = 0, eagle: bool = False) -> tuple[Any, int]:
+               peek: tuple[bool, ...] = (), lookahead: int = 0, eagle: bool = False,
+               shared_prefix: bool = False) -> tuple[Any, int]:
     """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
     ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
     vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
@@ -264,7 +265,8 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     (the hybrid manager's off records nothing: vLLM reuses the blocks first). ``peek``: EAGLE's groups
     (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
     block after each aligned end too (``BlockSizes.peek``); ``eagle``: vLLM's ``use_eagle``
-    beside partial hits (``BlockSizes.eagle``). ``lookahead``: the plain
+    beside partial hits (``BlockSizes.eagle``); ``shared_prefix``: vLLM's Mamba
+    shared-prefix checkpoints beside it (``BlockSizes.shared_prefix``). ``lookahead``: the plain
     manager's blocks keyed with that many tokens after them (``core.lookahead``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
@@ -272,7 +274,7 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
         # (one size: the one-size manager's int, but with checkpoints: the sized calls)
         sizes = layout.block_size if s.one_size and not s.checkpoints else BlockSizes.of(
             s.sizes, s.hash_size, s.align, peek, s.partial, s.checkpoints, s.checkpoint_alignment or None,
-            eagle and s.partial)
+            eagle and s.partial, shared_prefix and eagle and s.partial)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

@@ -188,6 +188,9 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
             offer(m, request, m._mamba.note(request, now, before // h * h, after // h * h, 0), kept)
         if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
             m._mamba.note_tail(request, tail)
+        elif pending and m.mamba_shared_prefix_checkpoint and \
+                before < request.shared_prefix_boundary == after:
+            m._mamba.note_tail(request, after)  # (recorded at the junction: partial.tail)
     return out
 
 

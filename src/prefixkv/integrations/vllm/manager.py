@@ -120,12 +120,10 @@ class KVCacheManager(StepCalls):
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)
-        # enable_mamba_shared_prefix_checkpoint: vLLM 0.33's manager acts on it only with partial-block
-        # hits (a Mamba block larger than the hash block) and EAGLE beside Mamba, not served: refused
-        if enable_mamba_shared_prefix_checkpoint and use_eagle and layout.sizes.partial:
-            raise UnsupportedByPrefixKV("prefixkv does not offer Mamba's shared-prefix checkpoints "
-                                        "(enable_mamba_shared_prefix_checkpoint) beside EAGLE")
-        self.mamba_shared_prefix_checkpoint = False
+        # enable_mamba_shared_prefix_checkpoint: vLLM 0.33's manager acts on it only with partial
+        # hits and EAGLE beside Mamba, without MTP's re-prefillable tokens (BlockSizes.shared_prefix)
+        self.mamba_shared_prefix_checkpoint = bool(enable_mamba_shared_prefix_checkpoint and use_eagle
+                                                   and layout.sizes.partial and not self.reprefill_tokens)
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
@@ -137,7 +135,8 @@ class KVCacheManager(StepCalls):
             raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
                                         f"(num_hash_lookahead_tokens={lookahead}) on {type(self).__name__}")
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
-                                       peek=self.eagle_groups, lookahead=lookahead, eagle=use_eagle)
+                                       peek=self.eagle_groups, lookahead=lookahead, eagle=use_eagle,
+                                       shared_prefix=self.mamba_shared_prefix_checkpoint)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)

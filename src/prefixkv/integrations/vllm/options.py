@@ -57,11 +57,12 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     UnsupportedByPrefixKV unless prefixkv finds EAGLE's shortened hits on ``layout`` as
     vLLM does: every group full attention, sliding window or Mamba (vLLM's chunked local
     attention refuses EAGLE), beside Mamba every group at one block size (without
-    Mamba's checkpoint blocks), or vLLM's
-    fine-grained partial hits with full attention at the hash block's size and no
-    checkpoint blocks (vLLM moves Mamba's partial entries to EAGLE's replay boundary:
-    ``BlockSizes.eagle``), and at most two distinct specs, one
-    of them full attention when two (vLLM's hit is then one pass; with more it applies
+    Mamba's checkpoint blocks: vLLM's checkpoint a block below its replay boundary may lie
+    in the entry after its state's), or vLLM's fine-grained partial hits with full
+    attention of one block size (the hash block's or larger: groups/partial_eagle.py;
+    vLLM moves Mamba's partial entries and checkpoints to EAGLE's replay boundary:
+    ``BlockSizes.eagle``), and at most two distinct
+    specs, one of them full attention when two (vLLM's hit is then one pass; with more it applies
     the dropped block once per candidate, and a group that already dropped it is checked
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
@@ -72,12 +73,11 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
                                     f"checkpoint a block below its replay boundary may lie in the entry "
                                     f"after its state's), got {sizes}")
     if "mamba" in kinds and not sizes.one_size and not (
-            sizes.partial and not sizes.checkpoints and all(
-                g.sparse or b == sizes.hash_size for g, b in zip(layout.groups, sizes.sizes, strict=True))):
+            sizes.partial and len(
+                {b for g, b in zip(layout.groups, sizes.sizes, strict=True) if not g.sparse}) == 1):
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside a Mamba "
                                     f"group at one block size, or with vLLM's fine-grained partial hits "
-                                    f"beside full attention of the hash block's size without checkpoint "
-                                    f"blocks, only, got {sizes}")
+                                    f"beside full attention of one block size, only, got {sizes}")
     if not all(g.cached for g in layout.groups):
         raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
                                     "beside SWA bounded replay (an uncached window)")

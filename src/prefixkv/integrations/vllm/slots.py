@@ -131,7 +131,10 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
             cap = m._hit_caps.cap(request, hit)
             if delay:  # (vLLM's copy holds its partial entry from a later cache_blocks on)
                 loaded["hold_tail"] = False
-        if m._retains:  # (the windows' retention keeps what a hit reads at vLLM's junction)
+            if hit % m._hit_caps.fine_size and m.eagle_groups:  # (found again as found: EAGLE's)
+                loaded["peek"] = m.eagle_groups
+        if m._retains or m.mamba_shared_prefix_checkpoint:  # (the windows' retention keeps what a
+            # hit reads at vLLM's junction; Mamba's shared-prefix checkpoint is recorded there)
             loaded["junction"] = request.shared_prefix_boundary
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
