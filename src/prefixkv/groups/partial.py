@@ -132,7 +132,7 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     boundary's prefix id (vLLM's ``cache_partial_block``); the request owns the entry
     (``moved`` at its next growth)."""
     h, n, p = self._hash_size, req.num_scheduled, req.num_prompt
-    if n != ((p // h * h - h) if self.sizes.eagle else (p - 1) // h * h) or not n:
+    if n != ((p // h * h - h) if self.sizes.eagle else (p - self._tail_gap) // h * h) or not n:
         return
     node = req.nodes[n // h - 1]
     for g in self._sparse:

@@ -128,7 +128,7 @@ def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, nodes: Sequenc
     the hit is the prompt's last hash boundary, the copy holds its entry (``tail``'s
     rule, at the admission's caching)."""
     h, k = self._hash_size, len(nodes)
-    if (req.num_prompt - 1) // h == k:
+    if (req.num_prompt - self._tail_gap) // h == k:
         fine.hold(self._index, g, copy, nodes[-1], k - 1, req.tokens,
                   req.keys.for_event(k - 1, h) if self._index.hashing else None, h)
 
@@ -138,7 +138,7 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     ``req`` computed its prompt's last hash boundary before its last token, inside one
     of the group's blocks, that block holds the boundary's prefix (``fine.hold``)."""
     h = self._hash_size
-    end = (req.num_prompt - 1) // h * h
+    end = (req.num_prompt - self._tail_gap) // h * h
     i = end // h - 1
     if not end or end > min(req.num_scheduled, len(req.tokens)) or i >= len(req.nodes):
         return

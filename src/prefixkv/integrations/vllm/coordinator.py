@@ -149,7 +149,7 @@ class CoordinatorView:
                 if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
                     need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
                                         core.num_scheduled_tokens(key), covered, core.null_block_id,
-                                        prefill_end(self.retention_interval, request))
+                                        prefill_end(self.retention_interval, request), self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -168,6 +168,7 @@ class CoordinatorView:
         hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
         fresh = [max(0, blocks_for(num_tokens, b) - h) for h, b in zip(hits, self._sizes, strict=False)]
         marks = step_blocks(self._checkpoints, self._sparse, ((),) * len(self._sparse), total_computed_tokens,
-                            num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0) \
+                            num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0,
+                            self._manager._tail_gap) \
             if self._checkpoints.checkpoints else 0
         return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks

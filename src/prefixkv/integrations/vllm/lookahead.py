@@ -48,12 +48,18 @@ class LookaheadKVCacheManager(KVCacheManager):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
+        if self._hybrid:  # (beside Mamba: module docstring)
+            self.hash_lookahead_tokens = self.core._lookahead
+            self._tail_gap = max(1, self.hash_lookahead_tokens)
+        else:
+            self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
 
     def _known(self, request: Request) -> None:
         """The request's known tokens, to its core request (unscheduled), if live."""
         key = self._keys.get(request.request_id)
-        if key is not None:
+        if key is not None and self._hybrid:
+            self.core.know_tokens(key, core_tokens(request))
+        elif key is not None:
             held = self.core.num_tokens(key)
             tokens = core_tokens(request)
             if len(tokens) > held:
@@ -68,6 +74,11 @@ class LookaheadKVCacheManager(KVCacheManager):
         if delay_cache_blocks:
             raise UnsupportedByPrefixKV("prefixkv does not offer delay_cache_blocks with lookahead "
                                         "hashing (vLLM keeps plain hashes beside a KV connector)")
+        if self._hybrid:  # (the core keys what it knows: module docstring)
+            self._known(request)
+            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens,
+                                          new_computed_blocks, num_lookahead_tokens,
+                                          num_external_computed_tokens, delay_cache_blocks, *args, **kwargs)
         late = self.reprefill_tokens
         try:
             cache_to = (request.num_computed_tokens + num_new_computed_tokens
@@ -88,5 +99,8 @@ class LookaheadKVCacheManager(KVCacheManager):
         if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
             check_count("num_computed_tokens", num_computed_tokens, 0, None)
         self._known(request)
+        if self._hybrid:
+            super().cache_blocks(request, num_computed_tokens)
+            return
         bound = request.num_tokens - self.hash_lookahead_tokens + self.reprefill_tokens
         super().cache_blocks(request, max(0, min(num_computed_tokens, bound)))

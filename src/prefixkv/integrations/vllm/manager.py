@@ -60,6 +60,7 @@ class KVCacheManager(StepCalls):
     (``num_hash_lookahead_tokens`` > 0)."""
 
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
+    _tail_gap = 1  # the tokens a prompt's last Mamba boundary leaves after it (lookahead.py: max(1, L))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a
