@@ -91,7 +91,8 @@ class Sides:
         for tokens in [probe] + [list(r.all_token_ids) + [0] for r in self.reqs[0].values()]:
             hits = []
             for m in self.ms:
-                blocks, hit, junction = m.get_computed_blocks(self.make_request(m, f"probe{self.serial}", tokens))
+                probe_request = self.make_request(m, f"probe{self.serial}", tokens)
+                blocks, hit, junction = m.get_computed_blocks(probe_request)
                 hits.append((hit, [list(g) for g in blocks.get_block_ids()] if hit else None, junction))
             assert hits[0] == hits[1], hits
             self.hits += hits[0][0] > 0

@@ -31,8 +31,19 @@ from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
-from . import (admission, cached, checkpoints, decode, forks, growth, lookahead, manager_check, partial, parts,
-               release)
+from . import (
+    admission,
+    cached,
+    checkpoints,
+    decode,
+    forks,
+    growth,
+    lookahead,
+    manager_check,
+    partial,
+    parts,
+    release,
+)
 from .index import GroupIndex
 from .lookup import peeking
 from .pins import RewindPins

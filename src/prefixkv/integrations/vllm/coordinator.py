@@ -149,7 +149,8 @@ class CoordinatorView:
                 if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
                     need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
                                         core.num_scheduled_tokens(key), covered, core.null_block_id,
-                                        prefill_end(self.retention_interval, request), self._manager._tail_gap)
+                                        prefill_end(self.retention_interval, request),
+                                        self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
