@@ -4,7 +4,8 @@ fine-grained partial hits: prefixkv's plug-in (integrations/vllm/lookahead.py ov
 groups/lookahead.py) beside vLLM's own ``KVCacheManager`` on test_vllm_mamba_sizes.py's
 random streams (``Sides``: after every call the same answer and blocks returned, the same
 tables of every live request, free count, hits with their blocks and junctions for a
-probe and for each live request's tokens and one more, the same copies on write), the
+probe and for each live request's tokens and one more, the same copies on write; and
+prefixkv's ``check_invariants()``), the
 requests hashed with their L following tokens on both sides, prompts of shared stems
 that part anywhere (inside a block's lookahead too), chunks cut by vLLM's own scheduler
 (``_mamba_block_aligned_split`` with the same L: a chunk ends at the prompt's last
@@ -123,4 +124,4 @@ def test_the_plugin_keys_mamba_states_with_their_lookahead_as_vllm(layout, looka
     groups = PARTIAL[layout]
     sides = LookaheadSides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 4 if small else 400,
                            lookahead, prefill, min(b for b, _ in groups) if checkpoints else 0)
-    sides.drive(ops, probe)
+    sides.drive(ops, probe, each=lambda s: s.ms[1].core.check_invariants())

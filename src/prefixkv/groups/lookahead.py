@@ -74,25 +74,25 @@ def check_keyed(self: HybridKVCacheManager, req: GroupRequest, last: int) -> Non
 def know_tokens(self: HybridKVCacheManager, request_id: Hashable, token_ids: Sequence[int]) -> None:
     """The request's known tokens: its own (scheduled or not) followed by those known
     since (a sampled token); those past its own are not scheduled. Under lookahead keys
-    the hash blocks whose L following tokens are now known get their keys; without, it
-    does nothing but the checks. Raises RequestError (unknown id; ``token_ids`` not
-    starting with the request's tokens), TokenError (bad ids or container); nothing
-    changed then."""
+    the hash blocks whose L following tokens are now known get their keys, and those
+    scheduled their prefix ids (module docstring); without, it does nothing but find the
+    request. Raises RequestError (unknown id; ``token_ids`` differing from the request's
+    own tokens where they key its blocks: from its first block without keys on),
+    TokenError (bad ids or container there); nothing changed then."""
     req = self._get(request_id)
     keys = req.keys
     if not self._lookahead:
         return
     assert isinstance(keys, LookaheadKeys), "a lookahead manager's request has lookahead keys"
     h, la, have = self._hash_size, self._lookahead, len(keys.mm)  # type: ignore[arg-type]
-    n = (len(token_ids) - la) // h
-    if n <= have:
-        return
     start = have * h  # (the tokens from here key the new blocks: checked against the request's)
     window = encode_tokens(token_ids[start:], self.vocab_size)
     own = req.tokens[start:]
     if window[:len(own)] != own[:len(window)]:
-        raise RequestError(f"request {request_id!r}: the known tokens do not start with its own "
-                           f"(they differ from token {start} on)")
+        raise RequestError(f"request {request_id!r}: the known tokens differ from its own "
+                           f"(from token {start} on)")
+    if (len(token_ids) - la) // h <= have:
+        return
     req.keys = lookahead_keys(keys.own, window, h, la, keys, start)
     first, last = span(self, req, req.num_scheduled // h)
     if last > first:  # (scheduled blocks whose keys were not known: recorded now)
