@@ -78,8 +78,8 @@ class HybridKVCacheManager:
         hash_lookahead_tokens: L > 0 keys each hash block with the L tokens after it
             (vLLM's ``num_hash_lookahead_tokens``; groups/lookahead.py): prompts are
             prepared with those keys, ``know_tokens`` hands a request the tokens known
-            past its own, and no block is recorded before its L tokens are known.
-            Not with events on.
+            past its own, and a block gets its prefix id once its L tokens are known.
+            With groups of different block sizes, without events (ConfigError).
 
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
