@@ -125,3 +125,44 @@ def test_the_plugin_keys_mamba_states_with_their_lookahead_as_vllm(layout, looka
     sides = LookaheadSides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 4 if small else 400,
                            lookahead, prefill, min(b for b, _ in groups) if checkpoints else 0)
     sides.drive(ops, probe, each=lambda s: s.ms[1].core.check_invariants())
+
+
+def _hybrid_mamba_plugin(groups: Any, hash_size: int, **kw: Any) -> Any:
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    return KVCacheManager(config(*_specs(groups, 0), num_blocks=400), max_model_len=256,
+                          scheduler_block_size=lcm, hash_block_size=hash_size, **kw)
+
+
+def test_a_state_at_the_prompts_boundary_is_found_only_with_its_lookahead_tokens():
+    # full attention at 8 beside Mamba at 32 (hash 8), L = 2: a prompt of 29 tokens ends
+    # its first chunk at its last boundary (29 - 2) // 8 * 8 = 24, inside Mamba block 0;
+    # a reader with the same 26 tokens hits 24 (copied on write); one parting at token 24
+    # or 25 (inside the lookahead) hits nothing, as vLLM's manager
+    groups = PARTIAL["mamba32+full8+mamba32"]
+    for m in pair(groups, 8, 400, 2, 2):
+        r = lookahead_request(m, "a", list(range(29)), 8, 2)
+        assert m.allocate_slots(r, 24) is not None
+        r.num_computed_tokens = 24
+        m.new_step_starts()
+        assert m.allocate_slots(r, 5) is not None
+        r.num_computed_tokens = 29
+        m.new_step_starts()
+        m.free(r)
+        for shared, want in ((26, 24), (25, 0), (24, 0)):
+            reader = lookahead_request(m, f"b{shared}", list(range(shared)) + [99] * 6, 8, 2)
+            assert m.get_computed_blocks(reader)[1] == want, (type(m).__module__, shared)
+
+
+@pytest.mark.parametrize(("groups", "hash_size", "kw", "message"), [
+    (PARTIAL["full8+mamba16"], 8, {"enable_kv_cache_events": True}, "KV events"),
+    (PARTIAL["full8+mamba16"], 8, {"use_eagle": True}, "use_eagle"),
+    (((16, None), (16, "mamba")), 16, {}, "partial hits"),  # (a Mamba block of the hash block's size)
+    (((16, None), (16, 32)), 16, {}, "lookahead hashing"),  # (a window)
+])
+def test_what_lookahead_hashing_beside_mamba_refuses(groups, hash_size, kw, message):
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    with pytest.raises(UnsupportedByPrefixKV, match=message):
+        _hybrid_mamba_plugin(groups, hash_size, num_hash_lookahead_tokens=1, **kw)
