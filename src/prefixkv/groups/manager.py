@@ -31,19 +31,8 @@ from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
-from . import (
-    admission,
-    cached,
-    checkpoints,
-    decode,
-    forks,
-    growth,
-    lookahead,
-    manager_check,
-    partial,
-    parts,
-    release,
-)
+from . import admission, cached, checkpoints, decode, forks, growth, manager_check, partial, parts, release
+from . import lookahead as ahead
 from .index import GroupIndex
 from .lookup import peeking
 from .pins import RewindPins
@@ -151,7 +140,7 @@ class HybridKVCacheManager:
     prefix_probe = cached.prefix_probe
     held_content = cached.held_content
     held_contents = cached.held_contents
-    know_tokens = lookahead.know_tokens
+    know_tokens = ahead.know_tokens  # (groups/lookahead.py)
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter
@@ -200,6 +189,11 @@ class HybridKVCacheManager:
     # ---- checks: groups/manager_check.py
     check_invariants = manager_check.check_invariants
     _check_request = manager_check._check_request
+
+    @property
+    def hash_lookahead_tokens(self) -> int:
+        """L, the tokens after each hash block its key covers (0: none; groups/lookahead.py)."""
+        return self._lookahead
 
     @property
     def null_block_id(self) -> int | None:

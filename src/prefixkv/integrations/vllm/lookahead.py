@@ -18,6 +18,16 @@ KV events: each ``BlockStored`` carries ``lookahead_token_ids`` and the extra ke
 each block and the L tokens after it, as vLLM's (``events.to_vllm_events``); its hashes
 are prefixkv's chain hashes, which cover those tokens (``core.lookahead_events``).
 
+Beside Mamba groups with vLLM's fine-grained partial hits (``options.lookahead_beside_mamba``)
+its core is the hybrid manager with ``hash_lookahead_tokens`` (groups/lookahead.py): the
+calls schedule as without lookahead (a Mamba state is where vLLM's step ends), each first
+hands the core the request's known tokens (``know_tokens``), and the core gives a block
+its prefix id once the L tokens after it are known. The prompt's last Mamba boundary and
+a checkpoint sit ``max(1, L)`` tokens back (``_tail_gap``, read by mamba.py,
+checkpoints.py, coordinator.py); multi-module MTP's re-prefillable tokens change nothing
+there (vLLM's hybrid coordinator applies them to EAGLE's dropping groups only:
+settings.py). No KV events there (refused).
+
 Refused by name (UnsupportedByPrefixKV): beside other groups (``options.check_options``),
 with ``use_eagle``, a hash block other than the block, ``delay_cache_blocks`` (a
 connector's loads; vLLM keeps the plain hashes beside a connector).
@@ -48,11 +58,9 @@ class LookaheadKVCacheManager(KVCacheManager):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
         if self._hybrid:  # (beside Mamba: module docstring)
-            self.hash_lookahead_tokens = self.core._lookahead
             self._tail_gap = max(1, self.hash_lookahead_tokens)
-        else:
-            self.hash_lookahead_tokens = self.core.hash_lookahead_tokens
 
     def _known(self, request: Request) -> None:
         """The request's known tokens, to its core request (unscheduled), if live."""
