@@ -138,7 +138,7 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     ``req`` computed its prompt's last hash boundary before its last token, inside one
     of the group's blocks, that block holds the boundary's prefix (``fine.hold``)."""
     h = self._hash_size
-    end = (req.num_prompt - self._tail_gap) // h * h
+    end = max(0, req.num_prompt - self._tail_gap) // h * h
     i = end // h - 1
     if not end or end > min(req.num_scheduled, len(req.tokens)) or i >= len(req.nodes):
         return

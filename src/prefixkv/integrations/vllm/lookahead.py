@@ -20,10 +20,12 @@ are prefixkv's chain hashes, which cover those tokens (``core.lookahead_events``
 
 Beside Mamba groups with vLLM's fine-grained partial hits (``options.lookahead_beside_mamba``)
 its core is the hybrid manager with ``hash_lookahead_tokens`` (groups/lookahead.py): the
-calls schedule as without lookahead (a Mamba state is where vLLM's step ends), each first
-hands the core the request's known tokens (``know_tokens``), and the core gives a block
-its prefix id once the L tokens after it are known. The prompt's last Mamba boundary and
-a checkpoint sit ``max(1, L)`` tokens back (``_tail_gap``, read by mamba.py,
+calls schedule as without lookahead (a Mamba state is where vLLM's step ends), and the
+core gives a block its prefix id once the L tokens after it are known: the request's
+known tokens reach it (``know_tokens``) at ``cache_blocks`` and after an
+``allocate_slots`` that grew the request (as vLLM, which frees the Mamba blocks no step
+reads before it caches: a state whose hash comes later than that is never cached). The
+prompt's last Mamba boundary and a checkpoint sit ``max(1, L)`` tokens back (``_tail_gap``, read by mamba.py,
 checkpoints.py, coordinator.py); multi-module MTP's re-prefillable tokens change nothing
 there (vLLM's hybrid coordinator applies them to EAGLE's dropping groups only:
 settings.py). No KV events there (refused).
@@ -82,11 +84,13 @@ class LookaheadKVCacheManager(KVCacheManager):
         if delay_cache_blocks:
             raise UnsupportedByPrefixKV("prefixkv does not offer delay_cache_blocks with lookahead "
                                         "hashing (vLLM keeps plain hashes beside a KV connector)")
-        if self._hybrid:  # (the core keys what it knows: module docstring)
-            self._known(request)
-            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens,
-                                          new_computed_blocks, num_lookahead_tokens,
-                                          num_external_computed_tokens, delay_cache_blocks, *args, **kwargs)
+        if self._hybrid:  # (the core keys what it knows, after the step's release: module docstring)
+            out = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens,
+                                         new_computed_blocks, num_lookahead_tokens,
+                                         num_external_computed_tokens, delay_cache_blocks, *args, **kwargs)
+            if out is not None:
+                self._known(request)
+            return out
         late = self.reprefill_tokens
         try:
             cache_to = (request.num_computed_tokens + num_new_computed_tokens
