@@ -242,17 +242,20 @@ def chain_hashes(fn: HashFn, parent: bytes, chunks: Sequence[bytes],
     return out
 
 
-def lookahead_bytes(extra: ExtraKeys | None, tokens: array[int], end: int, lookahead: int) -> bytes:
+def lookahead_bytes(extra: ExtraKeys | None, tokens: array[int], end: int, lookahead: int,
+                    start: int = 0) -> bytes:
     """What follows the extra-key bytes of the block that ends at token ``end`` under
     lookahead keys (vLLM's ``num_hash_lookahead_tokens`` = ``lookahead``): the
     multimodal inputs of ``extra`` that start in ``[end, end + lookahead)`` (tagged as in
     ``ExtraKeys.block_bytes``: vLLM's extra keys of such a block cover that window too),
     then ``b"A" || lookahead:u32 || tokens[end:end + lookahead]`` (uint32 LE each: the
-    last ``4 * lookahead`` bytes are the tokens)."""
+    last ``4 * lookahead`` bytes are the tokens). ``start``: the position of
+    ``tokens[0]`` (``tokens`` a window of the request's from there)."""
     later = b""
     if extra is not None and extra.mm:
         later = b"".join(mm_bytes(m) for m in extra.mm if end <= m.offset < end + lookahead)
-    return later + b"A" + struct.pack("<I", lookahead) + token_bytes(tokens[end:end + lookahead])
+    return later + b"A" + struct.pack("<I", lookahead) + token_bytes(
+        tokens[end - start:end - start + lookahead])
 
 
 def block_hashes(

@@ -91,7 +91,8 @@ class Sides:
         for tokens in [probe] + [list(r.all_token_ids) + [0] for r in self.reqs[0].values()]:
             hits = []
             for m in self.ms:
-                blocks, hit, junction = m.get_computed_blocks(_request(f"probe{self.serial}", tokens, self.h))
+                probe_request = self.make_request(m, f"probe{self.serial}", tokens)
+                blocks, hit, junction = m.get_computed_blocks(probe_request)
                 hits.append((hit, [list(g) for g in blocks.get_block_ids()] if hit else None, junction))
             assert hits[0] == hits[1], hits
             self.hits += hits[0][0] > 0
@@ -132,6 +133,10 @@ class Sides:
         self.partial_entries += sum(n for (kind, g, tokens, size), n in got[0].items()
                                     if kind == "BlockStored" and len(tokens) % groups[g][0])
 
+    def make_request(self, m: Any, rid: str, tokens: list[int]) -> Any:
+        """A vLLM Request of ``tokens`` for the manager ``m`` (both sides get their own)."""
+        return _request(rid, tokens, self.h)
+
     def _chunk(self, start: int, n: int, total: int, prompt: int) -> int:
         if self.partial:
             return partial_chunk(self.step, self.h, start, n, total, prompt)
@@ -147,7 +152,7 @@ class Sides:
         if op == "add":
             rid, got = f"r{self.serial}", []
             for m, reqs in zip(self.ms, self.reqs, strict=True):
-                r = _request(rid, a, self.h)
+                r = self.make_request(m, rid, a)
                 blocks, hit, r.shared_prefix_boundary = m.get_computed_blocks(r)  # (as vLLM's scheduler)
                 n = self._chunk(hit, len(a) - hit if b is None else min(b, len(a) - hit), len(a), len(a))
                 out = m.allocate_slots(r, n, hit, blocks)

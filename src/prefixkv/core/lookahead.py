@@ -62,16 +62,17 @@ class LookaheadKeys(RequestKeys):
 
 
 def lookahead_keys(own: RequestKeys, tokens: array[int], block_size: int, lookahead: int,
-                   known: LookaheadKeys | None = None) -> LookaheadKeys:
+                   known: LookaheadKeys | None = None, start: int = 0) -> LookaheadKeys:
     """The keys of a request of ``tokens`` whose plain keys are ``own``: ``known``'s
     blocks kept (its tokens a prefix of ``tokens``), those whose lookahead became known
-    since added."""
-    n = max(0, len(tokens) - lookahead) // block_size
+    since added. ``start``: the position of ``tokens[0]`` (a window of the request's
+    tokens from there, reaching past every block ``known`` lacks)."""
+    n = max(0, start + len(tokens) - lookahead) // block_size
     mm: list[bytes] = list(known.mm) if known is not None else []  # type: ignore[arg-type]
     first = len(mm)
     if n > first:
         for j, extra in enumerate(own.of_blocks(first, n), first):
-            mm.append(extra + lookahead_bytes(own.extra, tokens, (j + 1) * block_size, lookahead))
+            mm.append(extra + lookahead_bytes(own.extra, tokens, (j + 1) * block_size, lookahead, start))
     keys = LookaheadKeys.__new__(LookaheadKeys)
     keys.extra, keys.base, keys.mm = own.extra, own.base, mm
     keys.own, keys.lookahead = own, lookahead

@@ -20,6 +20,7 @@ from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
 from ..index.announce import Prepared
+from . import lookahead
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
@@ -39,6 +40,9 @@ def prepare(self: HybridKVCacheManager,
     blocks when events are on. A Prompt serves any manager, plain or hybrid, of the
     same block size, vocabulary size, hash and seed. Raises as
     ``KVCacheManager.prepare``."""
+    if self._lookahead:  # (lookahead keys: groups/lookahead.py)
+        tokens, keys, cut = encode_prompt(prompt_token_ids, extra, self._hash_size, self.vocab_size)
+        return Prompt(tokens, lookahead.prompt_keys(self, tokens, keys), list(cut), None, self._config)
     return prepare_prompt(prompt_token_ids, extra, self._hash_size, self.vocab_size,
                           self._prompt_hasher, self._config)
 
@@ -244,6 +248,8 @@ def _find(self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Se
     if isinstance(prompt_token_ids, Prompt):
         prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
         keys = prompt_token_ids.keys
+        if self._lookahead:
+            lookahead.check_prompt(self, keys)
         chunks: Sequence[bytes] = prompt_token_ids.chunks
         if not admit:  # a lookup: the tokens are read, never written
             tokens = prompt_token_ids.tokens
@@ -256,6 +262,8 @@ def _find(self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Se
         prompt = None
         tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self._hash_size,
                                              self.vocab_size)
+        if self._lookahead:
+            keys = lookahead.prompt_keys(self, tokens, keys)
     n = len(tokens)
     req = GroupRequest(request_id, tokens, keys, len(self.groups))
     req.losses = self._index.losses  # (its hits are found now: ``GroupRequest``)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..core.prompt import Prompt, encode_prompt, unpack_prompt
 from ..errors import RequestError, check_count, checked_ids
 from ..extra_keys import ExtraKeys
+from . import lookahead
 from .prefixes import Prefix
 
 if TYPE_CHECKING:
@@ -51,9 +52,13 @@ def prefix_probe(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | P
     if isinstance(prompt_token_ids, Prompt):
         p = unpack_prompt(prompt_token_ids, extra, self._config)
         n, keys, chunks = len(p.tokens), p.keys, p.chunks
+        if self._lookahead:
+            lookahead.check_prompt(self, keys)
     else:
         tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, h, self.vocab_size)
         n = len(tokens)
+        if self._lookahead:
+            keys = lookahead.prompt_keys(self, tokens, keys)
     return PrefixProbe(self, chunks, keys.of_blocks(0, n // h))
 
 

@@ -40,12 +40,14 @@ if TYPE_CHECKING:
     Steps = dict[Hashable, tuple[int, list[tuple[int, int, int]]]]
 
 
-def position(sizes: BlockSizes, b: int, start: int, end: int, last: int = 0) -> tuple[int, int] | None:
+def position(sizes: BlockSizes, b: int, start: int, end: int, last: int = 0,
+             gap: int = 1) -> tuple[int, int] | None:
     """Where a step from ``start`` to ``end`` checkpoints in a Mamba group of block size
     ``b`` at ``sizes`` (module docstring), its table aside: ``(c, j)``, or None (none,
-    checkpoints off, or ``end`` below ``last``: ``prefill_end``)."""
+    checkpoints off, or ``end`` below ``last``: ``prefill_end``). ``gap``: the tokens
+    ``c`` leaves before ``end`` (1; under lookahead keys L: the manager's ``_tail_gap``)."""
     h = sizes.hash_size
-    c, j = sizes.replay_at(end), blocks_for(end, b) - 2
+    c, j = sizes.replay_at(end, gap), blocks_for(end, b) - 2
     if not sizes.checkpoints or start % h or start + h > c or j <= (start - 1) // b \
             or (c - start) % sizes.checkpoint_alignment or end < last:
         return None
@@ -65,7 +67,7 @@ def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start:
     """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
     whose table is ``table`` (before the step), or None (none, checkpoints off, or
     ``end`` below ``last``: ``prefill_end``)."""
-    ck = position(self.sizes, self._group_sizes[g], start, end, last)
+    ck = position(self.sizes, self._group_sizes[g], start, end, last, self._tail_gap)
     if ck is None or ck[1] < len(table) and table[ck[1]] is not None:
         return None
     return ck
@@ -116,7 +118,7 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
         return False
-    h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt)
+    h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt, self._tail_gap)
     for g, c, j in got[1]:
         b = self._group_sizes[g]
         x = req.tables[g][j]
@@ -138,7 +140,7 @@ def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int
     got = steps.get(req.request_id) if steps else None
     if got is None or got[0] != req.num_scheduled:
         return set()
-    tail = self.sizes.replay_at(req.num_prompt)
+    tail = self.sizes.replay_at(req.num_prompt, self._tail_gap)
     return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
 
 

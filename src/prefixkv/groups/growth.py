@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
-from ..errors import ConfigError
+from ..errors import ConfigError, RequestError
 from ..index.announce import Prepared
 from .release_order import release_order
 from .request import GroupRequest
@@ -106,7 +106,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         try:
             prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None,
                                      req.prompt)
-        except ConfigError:
+        except (ConfigError, RequestError):  # (RequestError: lookahead.check_keyed)
             del req.tokens[n:]
             raise
     self._release(req, going)

@@ -32,6 +32,7 @@ from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
 from . import admission, cached, checkpoints, decode, forks, growth, manager_check, partial, parts, release
+from . import lookahead as ahead
 from .index import GroupIndex
 from .lookup import peeking
 from .pins import RewindPins
@@ -63,6 +64,11 @@ class HybridKVCacheManager:
         enable_caching: False records no block's content in any group (as every group
             were an uncached window: nothing is found, every block goes back empty,
             to be reused first; vLLM's manager with prefix caching off).
+        hash_lookahead_tokens: L > 0 keys each hash block with the L tokens after it
+            (vLLM's ``num_hash_lookahead_tokens``; groups/lookahead.py): prompts are
+            prepared with those keys, ``know_tokens`` hands a request the tokens known
+            past its own, and a block gets its prefix id once its L tokens are known.
+            With groups of different block sizes, without events (ConfigError).
 
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
@@ -112,16 +118,18 @@ class HybridKVCacheManager:
     _config: tuple[object, ...]  # what ``prepare`` reads
     _prompt_hasher: Hasher | None
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check
+    _lookahead = 0  # (``hash_lookahead_tokens``: groups/lookahead.py)
+    _tail_gap = 1  # the tokens a prompt's partial tail or checkpoint leaves after it: max(1, L)
     _pins: RewindPins | None = None  # (made by the first rewind: most managers never rewind)
 
     def __init__(
         self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes = 16, *,
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
-        enable_caching: bool = True,
+        enable_caching: bool = True, hash_lookahead_tokens: int = 0,
     ) -> None:
         parts.construct(self, groups, num_blocks, block_size, hash_mode, seed, enable_events,
-                        max_events, vocab_size, enable_caching)
+                        max_events, vocab_size, enable_caching, hash_lookahead_tokens)
 
     # The calls. Each line names the module that holds the call's body and contract.
 
@@ -134,6 +142,7 @@ class HybridKVCacheManager:
     prefix_probe = cached.prefix_probe
     held_content = cached.held_content
     held_contents = cached.held_contents
+    know_tokens = ahead.know_tokens  # (groups/lookahead.py)
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter
@@ -182,6 +191,11 @@ class HybridKVCacheManager:
     # ---- checks: groups/manager_check.py
     check_invariants = manager_check.check_invariants
     _check_request = manager_check._check_request
+
+    @property
+    def hash_lookahead_tokens(self) -> int:
+        """L, the tokens after each hash block its key covers (0: none; groups/lookahead.py)."""
+        return self._lookahead
 
     @property
     def null_block_id(self) -> int | None:

@@ -134,7 +134,7 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     ended at the request's junction (``req.marks[1:]``), a hash boundary of its prompt
     (vLLM's shared-prefix checkpoint: a sibling's EAGLE hit resumes there)."""
     h, n, p = self._hash_size, req.num_scheduled, req.num_prompt
-    if n != self.sizes.replay_at(p) or not n:
+    if n != self.sizes.replay_at(p, self._tail_gap) or not n:
         if not (self.sizes.shared_prefix and n in req.marks[1:] and n <= p and not n % h):
             return
     node = req.nodes[n // h - 1]

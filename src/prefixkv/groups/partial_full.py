@@ -142,9 +142,11 @@ def _last(self: HybridKVCacheManager, p: int) -> int:
     """The hash boundary, in hash blocks, of a prompt of ``p`` tokens that the fine
     groups' partial entry keys: its last before its last token (a resend's longest
     hit); when they peek (vLLM's EAGLE groups: ``sizes.peek``), its last (their lookup
-    reads the whole prompt, then drops one hash block)."""
+    reads the whole prompt, then drops one hash block); under lookahead keys, its last
+    at least ``_tail_gap`` tokens before its end."""
     peek = self.sizes.peek
-    return p // self._hash_size if peek and peek[self._fine[0]] else (p - 1) // self._hash_size
+    h = self._hash_size
+    return p // h if peek and peek[self._fine[0]] else max(0, p - self._tail_gap) // h
 
 
 def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:

@@ -23,7 +23,7 @@ from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
 from ..index.announce import Prepared
 from ..stats import StatsCounter
-from . import spec_blocks
+from . import lookahead, spec_blocks
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def construct(
     self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes,
     hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool, max_events: int,
-    vocab_size: int | None, enable_caching: bool = True,
+    vocab_size: int | None, enable_caching: bool = True, hash_lookahead_tokens: int = 0,
 ) -> None:
     """``HybridKVCacheManager.__init__``: check every argument, then build the parts (see
     there for the arguments and what raises)."""
@@ -50,6 +50,11 @@ def construct(
                           f"size only, got {sizes}")
     _check_retention(specs, sizes)
     retains = any(s.retention is not None for s in specs)  # (served at one size by the sized calls too)
+    if hash_lookahead_tokens.__class__ is not int or hash_lookahead_tokens < 0:
+        raise ConfigError(f"hash_lookahead_tokens must be an int >= 0, got {hash_lookahead_tokens!r}")
+    if hash_lookahead_tokens and enable_events:
+        raise ConfigError("prefixkv's hybrid manager does not offer lookahead keys "
+                          "(hash_lookahead_tokens) with events on")
     if (retains or sizes.checkpoints or not sizes.one_size) and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
@@ -57,6 +62,9 @@ def construct(
             raise ConfigError(f"{type(self).__name__} serves one block size without a window's "
                               f"retention, got {sizes}")
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
+    if hash_lookahead_tokens and not (retains or not sizes.one_size):
+        raise ConfigError(f"lookahead keys (hash_lookahead_tokens) are served with groups of "
+                          f"different block sizes only (the sized manager), got {sizes}")
     check_flag("enable_events", enable_events, ConfigError)
     check_flag("enable_caching", enable_caching, ConfigError)
     check_positive("max_events", max_events)
@@ -103,6 +111,8 @@ def construct(
         if enable_caching else (_UNCACHED,) * len(specs)  # (caching off: nothing recorded)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
     self._config = (sizes.hash_size, vocab_size, fn, root)
+    if hash_lookahead_tokens:  # (groups/lookahead.py)
+        self._lookahead, self._tail_gap = hash_lookahead_tokens, max(1, hash_lookahead_tokens)
     self._prompt_hasher = self._hasher if self._index.hashing else None
 
 
@@ -131,6 +141,8 @@ def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: in
     blocks ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
     Changes nothing; raises ConfigError if a hash_mode callable fails."""
     extras = req.keys.of_blocks(first, last)
+    if self._lookahead:
+        lookahead.check_keyed(self, req, last)
     if prompt is not None and last <= len(prompt.chunks):
         chunks = prompt.chunks[first:last]
         if prompt.hashes is not None and self._index.hashing:

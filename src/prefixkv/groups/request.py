@@ -41,6 +41,7 @@ from array import array
 from collections.abc import Collection, Hashable, Sequence
 
 from ..core.block import Block, blocks_for
+from ..core.lookahead import LookaheadKeys
 from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..hashing import token_bytes
@@ -103,7 +104,10 @@ class GroupRequest:
         block j holds ``nodes[sizes.key_index(g, j)]``, but the (g, j) ``marked``: a
         checkpoint holding a shorter prefix, groups/checkpoints.py)."""
         h, rid = sizes.hash_size, self.request_id
-        if len(self.nodes) != self.num_scheduled // h or self.num_scheduled > len(self.tokens):
+        keyed = self.num_scheduled // h  # (under lookahead keys, the blocks whose keys are known)
+        if isinstance(self.keys, LookaheadKeys):
+            keyed = min(keyed, len(self.keys.mm))  # type: ignore[arg-type]
+        if len(self.nodes) != keyed or self.num_scheduled > len(self.tokens):
             return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
                     f"scheduled of {len(self.tokens)} tokens")
         parent = 0
@@ -120,7 +124,7 @@ class GroupRequest:
             if cut > spec.num_unread(self.step_start, bs):
                 return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
-            for j in range(cut, self.num_scheduled // bs):
+            for j in range(cut, min(self.num_scheduled, keyed * h) // bs):
                 b, node = table[j], self.nodes[sizes.key_index(g, j)]
                 if b is None or (g, j) in marked:
                     continue

@@ -37,10 +37,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
-from ..errors import ConfigError, check_count
+from ..errors import ConfigError, RequestError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import checkpoints, partial, partial_full, sized_admission, sized_release, sized_rewind
+from . import checkpoints, lookahead, partial, partial_full, sized_admission, sized_release, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -67,6 +67,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     u = h if sizes.partial else sizes.align  # (``sizes.unit``, without its call)
     lo = first * h // u * u
     hi = req.num_scheduled // u * u
+    if self._lookahead:  # (blocks past the known keys wait for them: groups/lookahead.py)
+        hi = min(hi, len(every) * h // u * u)
     n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
     states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     marks = req.marks  # (a window's retention: BlockSizes.caches)
@@ -216,13 +218,15 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     elif sum(more) > self._pool.num_free + freed:
         return None
     first, last = start // h, total // h
+    if self._lookahead:  # (the hash blocks whose keys are known: groups/lookahead.py)
+        first, last = lookahead.span(self, req, last)
     if new_tokens is not None:
         req.tokens.extend(new_tokens)
     try:
         if prepared is None and first < last:
             prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None, req.prompt)
-    except ConfigError:
-        del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
+    except (ConfigError, RequestError):
+        del req.tokens[n:]  # (a hash_mode callable failed, lookahead.check_keyed: nothing changes)
         raise
     self._release(req, going)
     if marks:

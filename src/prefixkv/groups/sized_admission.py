@@ -188,8 +188,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     prepared = None  # (the new full hash blocks' data: computed before any change)
-    if total // h > k:
-        prepared = self._prepare(req, k, total // h, nodes[-1] if nodes else None, prompt)
+    keyed = total // h if not self._lookahead else min(total // h, len(req.keys.mm))  # type: ignore[arg-type]
+    if keyed > k:  # (under lookahead keys, those known: groups/lookahead.py)
+        prepared = self._prepare(req, k, keyed, nodes[-1] if nodes else None, prompt)
     fresh = iter(self._pool.acquire(held, sum(taken))[len(held):])
     req.cut = cuts
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):

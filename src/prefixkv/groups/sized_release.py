@@ -54,7 +54,8 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
         # (a window's retention: the hit's blocks hold what the requests that cached them chose)
         lo = req.cut[g] if spec.retention is None else max(req.cut[g], req.num_cached // sizes.sizes[g])
-        for j in range(lo, min(len(table), n // sizes.sizes[g])):
+        keyed = len(req.nodes) * sizes.hash_size  # (under lookahead keys, n or less: groups/lookahead.py)
+        for j in range(lo, min(len(table), n // sizes.sizes[g], keyed // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
             want = (sizes.caches(spec, g, n, j, marks) and (not spec.sparse or (g, j) in states)
                     or (g, j) in marked)

@@ -111,13 +111,15 @@ class BlockSizes:
             check_positive("checkpoint_alignment", checkpoint_alignment)
         return cls(got, h, a, flags if any(flags) else (), partial, checkpoints, ck, eagle, shared_prefix)
 
-    def replay_at(self, n: int) -> int:
+    def replay_at(self, n: int, gap: int = 1) -> int:
         """Where a Mamba state of ``n`` tokens (a prompt's, a step's end) is kept for a
         hit to resume at (vLLM's ``get_mamba_prefill_checkpoint_position`` at the hash
-        block): the last hash boundary before its last token; with ``eagle``, one hash
-        block below its last hash boundary (EAGLE's hit drops one; 0 at least)."""
+        block): the last hash boundary at least ``gap`` tokens before its end (1: before
+        its last token; lookahead hashing's ``max(1, L)``: groups/lookahead.py); with
+        ``eagle``, one hash block below its last hash boundary (EAGLE's hit drops one; 0
+        at least)."""
         h = self.hash_size
-        return max(n // h * h - h, 0) if self.eagle else (n - 1) // h * h
+        return max(n // h * h - h, 0) if self.eagle else max(n - gap, 0) // h * h
 
     @property
     def unit(self) -> int:

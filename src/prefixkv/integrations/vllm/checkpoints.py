@@ -8,7 +8,7 @@ prefixkv's hybrid manager takes them (``BlockSizes.checkpoints``, groups/checkpo
 docs/groups.md "Chunk-end checkpoints") beside vLLM's fine-grained partial hits, with
 any ``prefix_cache_retention_interval`` (retention.py gives it to the Mamba groups: with
 0, vLLM's default, only a step reaching vLLM's ``prefill_end`` checkpoints,
-``prefill_end``) and no EAGLE, lookahead hashing nor speculative blocks (refused by
+``prefill_end``) and no EAGLE nor speculative blocks (refused by
 ``options.check_options`` and ``layout._mamba_group``).
 """
 
@@ -60,37 +60,38 @@ def prefill_end(retention_interval: int | None, request: Any) -> int:
 
 
 def _taken(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
-           end: int, null: Any, last: int = 0) -> list[tuple[int, int, int]]:
+           end: int, null: Any, last: int = 0, gap: int = 1) -> list[tuple[int, int, int]]:
     """The Mamba groups (``sparse``) a step from ``start`` to ``end`` checkpoints in, with
     each one's position and entry: those whose table (``rows``, before the step, vLLM's block ids
     or none; ``null`` its null entry) is empty where the checkpoint goes, when ``end`` is
-    not below ``last`` (``prefill_end``)."""
+    not below ``last`` (``prefill_end``); ``gap``: ``position``'s (lookahead hashing's)."""
     got = []
     for g, is_sparse in enumerate(sparse):
-        ck = position(sizes, sizes.sizes[g], start, end, last) if is_sparse else None
+        ck = position(sizes, sizes.sizes[g], start, end, last, gap) if is_sparse else None
         if ck is not None and (ck[1] >= len(rows[g]) or rows[g][ck[1]] == null):
             got.append((g, *ck))
     return got
 
 
 def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
-                end: int, null: Any, last: int = 0) -> int:
+                end: int, null: Any, last: int = 0, gap: int = 1) -> int:
     """How many checkpoint blocks a step from ``start`` to ``end`` takes (``_taken``)."""
-    return len(_taken(sizes, sparse, rows, start, end, null, last)) if sizes.checkpoints else 0
+    return len(_taken(sizes, sparse, rows, start, end, null, last, gap)) if sizes.checkpoints else 0
 
 
 def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[int]], start: int, end: int,
-          after: tuple[list[int], ...], prompt: int, junction: int, last: int = 0) -> int:
+          after: tuple[list[int], ...], prompt: int, junction: int, last: int = 0, gap: int = 1) -> int:
     """The checkpoints of a step from ``start`` to ``end`` (``_taken``, its tables
     ``before`` and ``after`` it, vLLM's ids, 0 the null block's) of a request whose prompt
     has ``prompt`` tokens and whose junction is ``junction``: each one inside a block is
     set to 0 in ``after`` (vLLM notes no whole block there: it holds the state at the
     checkpoint); the one recorded as an entry (at the prompt's last hash boundary or the
-    junction, the same in every group), or 0; ``last``: ``prefill_end``."""
+    junction, the same in every group), or 0; ``last``: ``prefill_end``; ``gap``: the
+    tokens the prompt's last boundary leaves (1; lookahead hashing's L: ``position``)."""
     got = 0
-    for g, c, j in _taken(sizes, sparse, before, start, end, 0, last):
+    for g, c, j in _taken(sizes, sparse, before, start, end, 0, last, gap):
         if c % sizes.sizes[g]:
             after[g][j] = 0
-            if c in (sizes.replay_at(prompt), junction):
+            if c in (sizes.replay_at(prompt, gap), junction):
                 got = c
     return got

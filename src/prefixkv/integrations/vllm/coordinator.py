@@ -163,7 +163,8 @@ class CoordinatorView:
             if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
                 need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
                                     core.num_scheduled_tokens(key), covered, core.null_block_id,
-                                    prefill_end(self.retention_interval, request))
+                                    prefill_end(self.retention_interval, request),
+                                    self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -184,6 +185,7 @@ class CoordinatorView:
         fresh = [max(0, blocks_for(num_tokens, b) + a - h) for h, b, a in zip(hits, self._sizes, self._ahead,
                                                                                strict=False)]
         marks = step_blocks(self._checkpoints, self._sparse, ((),) * len(self._sparse), total_computed_tokens,
-                            num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0) \
+                            num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0,
+                            self._manager._tail_gap) \
             if self._checkpoints.checkpoints else 0
         return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks

@@ -266,8 +266,10 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     (``options.eagle_layout``; none without EAGLE), which with different block sizes cache the
     block after each aligned end too (``BlockSizes.peek``); ``eagle``: vLLM's ``use_eagle``
     beside partial hits (``BlockSizes.eagle``); ``shared_prefix``: vLLM's Mamba
-    shared-prefix checkpoints beside it (``BlockSizes.shared_prefix``). ``lookahead``: the plain
-    manager's blocks keyed with that many tokens after them (``core.lookahead``)."""
+    shared-prefix checkpoints beside it (``BlockSizes.shared_prefix``). ``lookahead``: the
+    manager's blocks keyed with that many tokens after them (``core.lookahead``,
+    ``groups.lookahead``; not with ``enable_events`` beside other groups:
+    UnsupportedByPrefixKV)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
@@ -275,10 +277,14 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
         sizes = layout.block_size if s.one_size and not s.checkpoints else BlockSizes.of(
             s.sizes, s.hash_size, s.align, peek, s.partial, s.checkpoints, s.checkpoint_alignment or None,
             eagle and s.partial, shared_prefix and eagle and s.partial)
+        if lookahead and enable_events:
+            raise UnsupportedByPrefixKV("prefixkv does not offer KV events with lookahead hashing "
+                                        "beside other groups")
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,
-                hash_mode="sha256", enable_events=enable_events, enable_caching=enable_caching)
+                hash_mode="sha256", enable_events=enable_events, enable_caching=enable_caching,
+                hash_lookahead_tokens=lookahead)
         except ConfigError as e:
             if layout.sizes.one_size:
                 raise

@@ -169,7 +169,7 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         after, p = m.core.num_scheduled_tokens(key), request.num_prompt_tokens
-        tail = max(p // h * h - h, 0) if m.use_eagle else (p - 1) // h * h  # (partial.tail)
+        tail = max(p // h * h - h, 0) if m.use_eagle else (p - m._tail_gap) // h * h  # (partial.tail)
         pending = m.core.num_pending_copies(key)
         if moves or pending:  # (tails moved to a copy, or recorded: offloads.py)
             hand_tails(m, request, key, owned, after)
@@ -181,7 +181,7 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
                 ids, now = now, tuple(list(row) for row in now)
                 c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
                                       request.shared_prefix_boundary,
-                                      checkpoints.prefill_end(m.retention_interval, request))
+                                      checkpoints.prefill_end(m.retention_interval, request), m._tail_gap)
                 if c:
                     m._mamba.note_tail(request, c)
                     kept = inside(m._mamba.groups, ids, now, c)

@@ -61,6 +61,7 @@ class KVCacheManager(StepCalls):
 
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
     _built_with: tuple[tuple[Any, ...], dict[str, Any]]  # (``__new__``'s arguments: retention_setter.py)
+    _tail_gap = 1  # the tokens a prompt's last Mamba boundary leaves after it (lookahead.py: max(1, L))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a

@@ -12,7 +12,7 @@ from prefixkv.errors import ConfigError
 
 from .layout import FULL_SPECS, Layout, UnsupportedByPrefixKV
 
-__all__ = ["check_options", "eagle_layout"]
+__all__ = ["check_options", "eagle_layout", "lookahead_beside_mamba"]
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
@@ -30,7 +30,9 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
     ``watermark``."""
     if use_eagle:
         eagle_layout(layout)  # (its refusals)
-    if enable_caching and num_prefill_lookahead > 1 and layout.hybrid:
+    mamba = lookahead_beside_mamba(layout, use_eagle)
+    if enable_caching and num_prefill_lookahead > 1 and layout.hybrid and not (
+            mamba and num_hash_lookahead_tokens):  # (then P changes no caching: settings.py)
         raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
                                     f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
                                     f"caches the last {num_prefill_lookahead - 1} computed tokens "
@@ -40,14 +42,31 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
         raise ConfigError(f"multi-module MTP with prefix caching needs block_size "
                           f"({layout.block_size}) >= num_prefill_lookahead ({num_prefill_lookahead})")
 
-    if num_hash_lookahead_tokens and enable_caching and (
+    if num_hash_lookahead_tokens and enable_caching and not mamba and (
             layout.hybrid or use_eagle or layout.sizes.hash_size != layout.block_size
             or layout.block_size < 2):  # (1: the one token an admission schedules keys a block)
         raise UnsupportedByPrefixKV(f"prefixkv offers lookahead hashing (num_hash_lookahead_tokens="
                                     f"{num_hash_lookahead_tokens}) on one full-attention group whose "
-                                    f"block is the hash block, of 2 tokens or more, without use_eagle, only")
+                                    f"block is the hash block, of 2 tokens or more, or beside Mamba "
+                                    f"groups with vLLM's fine-grained partial hits (Mamba groups and "
+                                    f"full attention of the hash block's size only), without "
+                                    f"use_eagle, only")
     if watermark < 0:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
+
+
+def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
+    """Whether prefixkv serves lookahead hashing on ``layout`` beside Mamba groups
+    (lookahead.py): full-attention groups of the hash block's size (of 2 tokens or more)
+    and Mamba groups only, with vLLM's fine-grained partial hits (a Mamba block larger
+    than the hash block), without ``use_eagle``. vLLM's hybrid coordinator then leaves
+    multi-module MTP's re-prefillable tokens to EAGLE's dropping groups, none: they change
+    no caching. (Full attention larger than the hash block: its partial tail entries
+    under lookahead differ from vLLM's, not served; docs/lookahead.md.)"""
+    s = layout.sizes
+    return (not use_eagle and s.partial and s.hash_size >= 2 and all(
+        g.kind == "mamba" or g.kind == "full_attention" and b == s.hash_size
+        for g, b in zip(layout.groups, s.sizes, strict=True)))
 
 
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:

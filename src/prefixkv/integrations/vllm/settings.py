@@ -88,6 +88,7 @@ def read_settings(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, 
         eagle_groups=eagle_layout(layout) if use_eagle else (),
         watermark_blocks=int(watermark * kv_cache_config.num_blocks),
         replay_tokens=max(s.prefix_replay_tokens for s in layout.specs),
-        reprefill_tokens=max(0, num_prefill_lookahead - 1) if enable_caching else 0,
+        # (vLLM's hybrid coordinator applies them to EAGLE's dropping groups only: options.py)
+        reprefill_tokens=max(0, num_prefill_lookahead - 1) if enable_caching and not layout.hybrid else 0,
         cached_groups=cached, retains=retains, junctions=retains or any(g.sparse for g in layout.groups),
         uncached=not all(cached), odd_hit=use_eagle or not all(cached), hybrid=layout.hybrid)

@@ -1,0 +1,103 @@
+"""Lookahead keys in the hybrid manager (``hash_lookahead_tokens``, groups/lookahead.py),
+by hand with exact values: hash block 2, full attention at 2, Mamba at 4 with vLLM's
+fine-grained partial hits (tests/test_groups_partial.py's layout), L = 1 and 2. A Mamba
+state or a block at a boundary is found only by a prompt whose L tokens after it are
+those of the request that computed it; blocks whose L tokens are not known yet get their
+prefix ids once ``know_tokens`` brings them; and what is refused, by name."""
+
+import pytest
+
+from prefixkv.errors import ConfigError, PromptError, RequestError
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
+
+
+def _manager(lookahead, num_blocks=20, **options):
+    return HybridKVCacheManager([full_attention(), mamba()], num_blocks,
+                                BlockSizes.of([2, 4], partial=True), hash_mode="sha256",
+                                hash_lookahead_tokens=lookahead, **options)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_a_mamba_state_at_the_prompts_boundary_needs_the_tokens_after_it(lookahead):
+    # prompt of 9: its last boundary is (9 - max(1, L)) // 2 * 2 (8 for L 1, 6 for L 2),
+    # inside a Mamba block (4..7 or 8..11); the producer's step ends there
+    m = _manager(lookahead)
+    prompt = [0, 0, 1, 1, 2, 2, 3, 3, 4]
+    boundary = (9 - lookahead) // 2 * 2
+    m.add_request("0", prompt, num_new_tokens=boundary)
+    m.check_invariants()
+    m.free("0")
+    same = prompt[:boundary + lookahead] + [9] * 4
+    assert m.lookup(same) == boundary
+    for i in range(lookahead):  # (a reader parting inside the L tokens after the boundary)
+        other = prompt[:boundary + i] + [9] * 6
+        assert m.lookup(other) == 0  # (no Mamba state below: the step ended at the boundary only)
+        assert m.lookup_per_group(other)[0] == boundary - 2  # (full attention alone: a block less)
+    m.check_invariants()
+
+
+def test_a_block_waits_for_its_lookahead_tokens_then_is_found():
+    # L = 2: a prompt of 6 keys blocks 0 and 1 (their 2 tokens after are known), not block 2
+    m = _manager(2)
+    m.add_request("0", [0, 0, 1, 1, 2, 2], num_new_tokens=6)
+    m.check_invariants()
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])[0] == 4  # (block 2 has no prefix id yet)
+    m.know_tokens("0", [0, 0, 1, 1, 2, 2, 3])
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])[0] == 4  # (one token after it known: not yet)
+    m.know_tokens("0", [0, 0, 1, 1, 2, 2, 3, 3])
+    m.check_invariants()
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])[0] == 6  # (now keyed with 3, 3)
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 4, 5])[0] == 4  # (not with 3, 4)
+    assert m.append_tokens("0", [3, 3]) is not None  # (scheduled: block 3 waits for its tokens)
+    m.check_invariants()
+    m.free("0")
+    m.check_invariants()
+
+
+def test_know_tokens_refuses_tokens_that_are_not_the_requests():
+    m = _manager(1)
+    m.add_request("0", [0, 0, 1, 1, 2], num_new_tokens=4)
+    with pytest.raises(RequestError):
+        m.know_tokens("0", [0, 0, 1, 1, 7, 2])  # (differs from its own at token 4, past its keys)
+    with pytest.raises(RequestError):
+        m.know_tokens("nobody", [0])
+    m.check_invariants()
+    m.know_tokens("0", [0, 0, 1, 1, 2, 2, 3])
+    m.check_invariants()
+
+
+def test_a_prompt_prepared_without_lookahead_keys_is_refused():
+    plain = HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True),
+                                 hash_mode="sha256")
+    m = _manager(1)
+    prompt = plain.prepare([0, 0, 1, 1, 2])
+    with pytest.raises(PromptError):
+        m.add_request("0", prompt)
+    with pytest.raises(PromptError):
+        m.lookup(prompt)
+    assert m.lookup(m.prepare([0, 0, 1, 1, 2])) == 0
+    m.check_invariants()
+
+
+def test_a_decode_step_that_would_key_a_block_before_its_tokens_is_refused():
+    # append_step fills block 2 with its last token, whose lookahead token is not known:
+    # refused, nothing changed (decode with know_tokens, then append_tokens)
+    m = _manager(1)
+    m.add_request("0", [0, 0, 1, 1, 2], num_new_tokens=5)
+    before = (m.get_block_ids("0"), m.num_scheduled_tokens("0"), m.num_tokens("0"), m.num_free_blocks)
+    with pytest.raises(RequestError):
+        m.append_step(["0"], [2])
+    assert (m.get_block_ids("0"), m.num_scheduled_tokens("0"), m.num_tokens("0"), m.num_free_blocks) == before
+    m.check_invariants()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"hash_lookahead_tokens": -1}, "hash_lookahead_tokens"),
+    ({"hash_lookahead_tokens": 1.0}, "hash_lookahead_tokens"),
+    ({"hash_lookahead_tokens": 1, "enable_events": True}, "events"),
+])
+def test_what_lookahead_keys_refuse(options, message):
+    with pytest.raises(ConfigError, match=message):
+        HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True), **options)
+    with pytest.raises(ConfigError, match="different block sizes"):  # (the one-size manager)
+        HybridKVCacheManager([full_attention(), mamba()], 20, 4, hash_lookahead_tokens=1)
