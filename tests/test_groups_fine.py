@@ -23,7 +23,7 @@ class Scene:
     def __init__(self) -> None:
         self.log = EventLog(1000)
         self.table = PrefixTable()
-        self.index = GroupIndex([full_attention(), mamba()], 8, self.table, self.log, strides=(2, 1))
+        self.index = GroupIndex([full_attention(), mamba()], 8, self.table, self.log)
         self.pool = BlockPool(8, self.index)
 
     def nodes(self, tokens: list[int]):

@@ -5,7 +5,6 @@ attention at 4, Mamba at 4)."""
 
 import pytest
 
-from prefixkv.errors import InvariantError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba
 from prefixkv.groups.results import GroupBlockCopy
 from prefixkv.hashing import encode_tokens, token_bytes
@@ -130,11 +129,11 @@ def test_a_free_primary_takes_its_freed_spares_place_among_the_cached_ones():
     m.check_invariants()
 
 
-def test_a_hit_stops_at_a_gap_in_full_attention_and_the_check_names_the_gap():
-    # (no call leaves a full-attention group finding a block without the one before it:
-    # a request's blocks are freed tail first, an evicted primary hands its prefix to a
-    # held spare, uncache forgets the descendants; the check holds that, and the hit
-    # stops at the first block not found: here the gap is made by hand)
+def test_a_hit_stops_at_a_gap_in_full_attention():
+    # (a full-attention group may find a whole block without the one before it: the
+    # machines reach it (session 29: TestFineWideMachine, its reference vetted against
+    # vLLM's manager, has the same gap); the hit stops at the first block not found: here
+    # the gap is made by hand)
     m = _manager()
     prompt = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
     m.add_request("0", prompt, num_new_tokens=4)
@@ -145,10 +144,10 @@ def test_a_hit_stops_at_a_gap_in_full_attention_and_the_check_names_the_gap():
     assert m.lookup(prompt) == 12
     m._index.drop_one(middle)  # (block 1 forgotten, blocks 0 and 2 still found)
     m._pool.emptied([middle])
-    with pytest.raises(InvariantError, match="group 0: entry .* which it does not find"):
-        m.check_invariants()
+    m.check_invariants()
     assert m.lookup(prompt) == 4  # (block 0 whole and Mamba's state at 4: not block 2)
     assert m.lookup_block_ids(prompt)[0] == (first.block_id,)
+
 
 def test_an_admission_that_does_not_hold_its_tail_leaves_the_copy_without_the_entry():
     # (vLLM's delay_cache_blocks: its cache_blocks, which gives the copy the entry, runs later)
@@ -169,7 +168,6 @@ def test_an_admission_that_does_not_hold_its_tail_leaves_the_copy_without_the_en
 
 
 def test_hold_tail_must_be_a_bool():
-    import pytest
 
     from prefixkv.errors import RequestError
 

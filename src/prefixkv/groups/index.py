@@ -33,7 +33,7 @@ from . import unindex
 from .events import GroupBlockStored
 from .fine import FineEntries
 from .prefixes import Prefix, PrefixTable
-from .spec import FULL, GroupSpec
+from .spec import GroupSpec
 from .tails import PartialTails
 
 _PID = attrgetter("pid")
@@ -52,13 +52,10 @@ class GroupIndex:
     ``clear``, ``check``); the manager records and finds content through the rest."""
 
     def __init__(self, specs: Sequence[GroupSpec], num_blocks: int, table: PrefixTable,
-                 sink: EventSink, records: bool = True, strides: Sequence[int] | None = None) -> None:
+                 sink: EventSink, records: bool = True) -> None:
         self.specs = tuple(specs)
         self.records = records
         """False: the manager records no content here (caching off): nothing is found."""
-        self.strides = tuple(strides) if strides is not None else (1,) * len(self.specs)
-        """Per group, the hash blocks in one of its blocks (``BlockSizes.sizes`` over the
-        hash size): the nodes of a group's consecutive blocks are that many apart."""
         self.entries: list[dict[int, Block]] = [{} for _ in specs]
         self.twins: list[dict[int, list[Block]]] = [{} for _ in specs]  # pid -> held spares
         self.owner = [-1] * num_blocks
@@ -177,7 +174,7 @@ class GroupIndex:
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
         tails = self.tails.mismatch(self.nodes, self.entries, self.twins) \
-            or self.fine.mismatch(self.nodes, self.owner) or self._gap()
+            or self.fine.mismatch(self.nodes, self.owner)
         if tails is not None:
             return tails
         for b in blocks:
@@ -189,23 +186,6 @@ class GroupIndex:
                 if g < 0 or (b not in self.twins[g].get(node.pid, ()) if b.twin
                              else self.entries[g].get(node.pid) is not b):
                     return f"block {b.block_id} has content but is not indexed in its group {g}"
-        return None
-
-    def _gap(self) -> str | None:
-        """The first entry of a full-attention group whose group's block before it (the
-        prefix ``strides[g]`` hash blocks shorter) the group does not find. A hit is the
-        run of whole blocks found from the first (``hits``, partial_full.py stop at the
-        first miss), so a found prefix past a gap could only be served wrongly; the
-        gaps that windows and Mamba leave are theirs by design."""
-        for g, entries in enumerate(self.entries):
-            if self.specs[g].kind != FULL:
-                continue
-            nodes, stride = self.nodes, self.strides[g]
-            for pid, b in entries.items():
-                node = nodes[b.block_id]
-                up = _up(node, stride) if node is not None else None
-                if up is not None and up.pid not in entries:
-                    return f"group {g}: entry {pid} -> {b!r} follows prefix {up.pid}, which it does not find"
         return None
 
     def _holds(self, b: Block, g: int, pid: int) -> str | None:

@@ -83,8 +83,7 @@ def construct(
     self._hasher = Hasher(fn, root, callable(hash_mode))
     self._events = EventLog(max_events) if enable_events else NullSink()
     self._table = PrefixTable()
-    self._index = GroupIndex(specs, num_blocks, self._table, self._events, enable_caching,
-                             [b // sizes.hash_size for b in sizes.sizes])
+    self._index = GroupIndex(specs, num_blocks, self._table, self._events, enable_caching)
     self._pool = BlockPool(num_blocks, self._index)
     self._null = self._pool.take(1)[0] if reserved else None
     self._requests = {}
