@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from lookahead_model import KVModel, LookaheadModel
 from machine_rules import case, prompts_over
+from prefixkv import KVCacheManager
 from prefixkv.core.lookahead import LookaheadKVCacheManager
 from prefixkv.errors import ConfigError, RequestError
 
@@ -193,8 +194,8 @@ class LookaheadMachine(RuleBasedStateMachine):
         gone = [self.model.key(tokens, i) for i in range(back // self.bs, have // self.bs)
                 if self.m.cached_block_id(tokens, (i + 1) * self.bs) == ids[i]]
         self.m.rewind(rid, back)
-        for key in list(self.model.cached):
-            if any(k is not None and key[:len(k)] == k for k in gone):
+        for key in gone:
+            if key is not None:
                 self.model.cached.discard(key)
                 self.kv.written.pop(key, None)
         self.reqs[rid] = (tokens, back)
@@ -204,6 +205,15 @@ class LookaheadMachine(RuleBasedStateMachine):
             # became known since is keyed at its next step, as vLLM caches it at its next
             # allocate_slots; found with --hypothesis-seed=4242)
             self._cache(other, self.m.num_scheduled_tokens(other))
+        # the descendants of a key that left go with it; those of a key another block of
+        # equal content serves again stay (their blocks are other requests', their content
+        # their own tokens': found by a random run in session 29, a twin computed by a
+        # request admitted with read_cache=False)
+        left = [k for k in gone if k is not None and k not in self.model.cached]
+        for key in list(self.model.cached):
+            if any(key[:len(k)] == k for k in left):
+                self.model.cached.discard(key)
+                self.kv.written.pop(key, None)
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -311,4 +321,25 @@ def test_a_block_computed_in_a_lookahead_slot_is_keyed_at_the_next_step():
     assert m.lookup([0, 0, 0]) == 0
     assert m.extend(1, 1) is not None  # (the next step schedules the slot's token)
     assert m.lookup([0, 0, 0]) == 2
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_rewind_keeps_the_descendants_of_a_key_a_twin_serves(lookahead):
+    """Request 3 hit block [1,2] that request 2 computed; request 4, reading no cache,
+    computed a twin of it. 3's rewind to 0 recomputes into that block: its key moves to
+    the twin, and the blocks request 2 computed after it ([3,4], [5,6], [9,9]), whose
+    content is their own tokens', stay found (the machine's reference dropped them: found
+    by a random run in session 29; the plain manager keeps them too)."""
+    m = LookaheadKVCacheManager(100, 2, hash_lookahead_tokens=1) if lookahead else KVCacheManager(100, 2)
+    a = [1, 2, 3, 4, 5, 6, 9, 9, 9]
+    m.add_request("2", a, num_new_tokens=8)
+    m.free("2")
+    m.add_request("3", [1, 2, 3, 7], num_new_tokens=1)
+    m.add_request("4", [1, 2, 3], num_new_tokens=3, read_cache=False)
+    assert m.get_block_ids("3") == (0, 4) and m.get_block_ids("4") == (5, 6)
+    assert m.lookup(a) == 8 and m.cached_block_id(a, 2) == 0
+    m.rewind("3", 0)
+    assert m.cached_block_id(a, 2) == 5  # (the twin)
+    assert m.lookup(a) == 8
     m.check_invariants()
