@@ -27,6 +27,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import _spec  # noqa: E402
+from .test_vllm_fine_full import same_block_hashes  # noqa: E402
 from .test_vllm_mamba_checkpoints import checkpoint_vllm, scheduler_chunk  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
@@ -137,13 +138,16 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], scale: int, event
     drive(sides, groups, ops, probe, events)
 
 
-def drive(sides: CheckpointSides, groups: Any, ops: Any, probe: list[int], events: bool) -> None:
+def drive(sides: CheckpointSides, groups: Any, ops: Any, probe: list[int], events: bool,
+          hashes: bool = False) -> None:
     """``ops`` on both ``sides``, compared after each (their events too, with
-    ``events``), up to the first spare."""
+    ``events``; the live requests' blocks' hashes, with ``hashes``), up to the first spare."""
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)
         same_views(sides)
+        if hashes:
+            same_block_hashes(sides)
         if any(sides.ms[1].core._index.twins):
             return
         if events:

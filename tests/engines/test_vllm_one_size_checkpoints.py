@@ -60,7 +60,7 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], align: int, reten
     sides = OneSizeSides(groups, len(groups) * -(-MAX_LEN // 8) + 4 if small else 400, align, events,
                          retention)
     assert not sides.ms[0].coordinator.enable_partial_hash_hits and sides.ms[1].core.sizes.checkpoints
-    drive(sides, groups, ops, probe, events)
+    drive(sides, groups, ops, probe, events, hashes=True)  # (Mamba's blocks read vLLM's hashes)
     return sides
 
 
@@ -109,8 +109,11 @@ def test_a_prompts_chunks_checkpoint_and_cache_as_vllms(retention, tables, state
         sides.ms[1].coordinator.single_type_managers[1]._checkpoints["r1"] = (0, 0)  # type: ignore[index]
     for m in sides.ms:
         assert tuple(list(g) for g in m.get_block_ids("r1")) == tables
-    assert {(b.block_id, b.block_hash_num_tokens) for b in sides.ms[0].block_pool.blocks
-            if b.block_hash is not None and b.block_id not in tables[0]} == states  # (vLLM's Mamba states)
+    for r in sides.reqs[1].values():  # (as if built with the plug-in's block hasher)
+        sides.ms[1].prepared_prompts.note(r)
+    for m in sides.ms:  # (vLLM's Mamba states, and the hashes the plug-in's block objects read)
+        assert {(b.block_id, b.block_hash_num_tokens) for b in m.block_pool.blocks
+                if b.block_hash is not None and b.block_id not in tables[0]} == states
     for tokens, hit in zip([a[:40], a[:33], a], hits, strict=True):
         probe = _request(f"p{len(tokens)}", tokens + [99], 8)
         assert [m.get_computed_blocks(probe)[1] for m in sides.ms] == [hit, hit]
