@@ -27,6 +27,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import _spec  # noqa: E402
+from .test_vllm_fine_full import same_block_hashes  # noqa: E402
 from .test_vllm_mamba_checkpoints import checkpoint_vllm, scheduler_chunk  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
@@ -55,10 +56,19 @@ class CheckpointSides(Sides):
                  retention: int | None = None) -> None:
         super().__init__(groups, num_blocks, partial=True, events=events)
         self.align = align
+        self.reserved = 0  # (checkpoints the views showed: same_views)
+        self.refused: set[str] = set()  # (live requests whose last step was refused)
         self.ms = [checkpoint_vllm(groups, self.h, num_blocks, align, retention),
                    checkpoint_plugin(groups, self.h, num_blocks, align, events, retention)]
-        take = self.ms[0].take_events
+        take, allocate = self.ms[0].take_events, self.ms[0].allocate_slots
         self.ms[0].take_events = lambda: _net(take())
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:  # (refusals noted)
+            out = allocate(request, *args, **kwargs)
+            (self.refused.add if out is None else self.refused.discard)(request.request_id)
+            return out
+
+        self.ms[0].allocate_slots = allocate_slots
 
     def _chunk(self, start: int, n: int, total: int, prompt: int) -> int:
         # (as CheckpointPair's: a chunk starting inside a Mamba block ends at its end)
@@ -128,16 +138,39 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], scale: int, event
     drive(sides, groups, ops, probe, events)
 
 
-def drive(sides: CheckpointSides, groups: Any, ops: Any, probe: list[int], events: bool) -> None:
+def drive(sides: CheckpointSides, groups: Any, ops: Any, probe: list[int], events: bool,
+          hashes: bool = False) -> None:
     """``ops`` on both ``sides``, compared after each (their events too, with
-    ``events``), up to the first spare."""
+    ``events``; the live requests' blocks' hashes, with ``hashes``), up to the first spare."""
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)
+        same_views(sides)
+        if hashes:
+            same_block_hashes(sides)
         if any(sides.ms[1].core._index.twins):
             return
         if events:
             sides.same_events(groups)
+
+
+def same_views(sides: CheckpointSides) -> None:
+    """What vLLM's per-group managers show of the checkpoints, the same on both sides:
+    ``cache_hit_alignment_tokens`` and a Mamba manager's ``_checkpoints`` (live request
+    id -> the step's checkpoint position and table entry; read-only on prefixkv's). vLLM
+    notes a step's checkpoint before it finds the step's blocks, and keeps the note of a
+    refused step (a refused admission's too) until the request's next step or its end;
+    prefixkv's view shows the checkpoints of steps that took their blocks, so the
+    requests compared are the live ones whose last step was not refused."""
+    views = [m.coordinator.single_type_managers for m in sides.ms]
+    for theirs, ours in zip(*views, strict=True):
+        assert theirs.cache_hit_alignment_tokens == ours.cache_hit_alignment_tokens
+        mine = dict(ours._checkpoints)
+        assert set(mine) <= set(sides.reqs[1])
+        vllm = {rid: ck for rid, ck in getattr(theirs, "_checkpoints", {}).items()
+                if rid in sides.reqs[0] and rid not in sides.refused}
+        assert vllm == {rid: ck for rid, ck in mine.items() if rid not in sides.refused}
+        sides.reserved += len(mine)
 
 
 def test_checkpoint_blocks_are_refused_where_not_served():

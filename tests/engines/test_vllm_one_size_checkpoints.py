@@ -60,7 +60,7 @@ def _run(groups: Any, small: bool, ops: Any, probe: list[int], align: int, reten
     sides = OneSizeSides(groups, len(groups) * -(-MAX_LEN // 8) + 4 if small else 400, align, events,
                          retention)
     assert not sides.ms[0].coordinator.enable_partial_hash_hits and sides.ms[1].core.sizes.checkpoints
-    drive(sides, groups, ops, probe, events)
+    drive(sides, groups, ops, probe, events, hashes=True)  # (Mamba's blocks read vLLM's hashes)
     return sides
 
 
@@ -92,7 +92,7 @@ def test_the_plugin_checkpoints_at_one_size_as_vllms_manager(layout, small, rete
 def test_a_prompts_chunks_checkpoint_and_cache_as_vllms(retention, tables, states, hits):
     sides = OneSizeSides(ONE_SIZE["full8+mamba8"], 40, 8, retention=retention)
     a = list(range(60))
-    offers = []
+    offers, views = [], []
     for op, n in [("add", a), ("extend", 0)]:
         sides.do(op, n, 40 if op == "add" else 20)
         sides.compare(a)
@@ -100,11 +100,20 @@ def test_a_prompts_chunks_checkpoint_and_cache_as_vllms(retention, tables, state
                for m in sides.ms]
         assert got[0] == got[1]  # (the states offered to a connector, as vLLM's)
         offers.append(got[0].get("r1", []))
+        views.append(dict(sides.ms[1].coordinator.single_type_managers[1]._checkpoints))
     assert offers[1] == [56]
+    # (the Mamba manager's view of the step's checkpoint (c, j), vLLM's: same_views)
+    assert views == [{} if retention == 0 else {"r1": (32, 3)}, {"r1": (56, 6)}]
+    assert [v.cache_hit_alignment_tokens for v in sides.ms[1].coordinator.single_type_managers] == [8, 8]
+    with pytest.raises(TypeError):  # (read-only)
+        sides.ms[1].coordinator.single_type_managers[1]._checkpoints["r1"] = (0, 0)  # type: ignore[index]
     for m in sides.ms:
         assert tuple(list(g) for g in m.get_block_ids("r1")) == tables
-    assert {(b.block_id, b.block_hash_num_tokens) for b in sides.ms[0].block_pool.blocks
-            if b.block_hash is not None and b.block_id not in tables[0]} == states  # (vLLM's Mamba states)
+    for r in sides.reqs[1].values():  # (as if built with the plug-in's block hasher)
+        sides.ms[1].prepared_prompts.note(r)
+    for m in sides.ms:  # (vLLM's Mamba states, and the hashes the plug-in's block objects read)
+        assert {(b.block_id, b.block_hash_num_tokens) for b in m.block_pool.blocks
+                if b.block_hash is not None and b.block_id not in tables[0]} == states
     for tokens, hit in zip([a[:40], a[:33], a], hits, strict=True):
         probe = _request(f"p{len(tokens)}", tokens + [99], 8)
         assert [m.get_computed_blocks(probe)[1] for m in sides.ms] == [hit, hit]

@@ -33,7 +33,9 @@ Served where every group's block is the hash block and none is Mamba, and with v
 fine-grained partial hits beside full attention of the hash block's size (a Mamba
 block's one entry is its content, ``held_content``), a larger one's beside it too (its
 blocks' contents are kept from the rows of the hash block's size, which hold every
-prefix a request computed; the scan skips them). Not with full attention larger than
+prefix a request computed; the scan skips them), and beside Mamba's chunk-end checkpoint
+blocks at one block size (a Mamba block holds the state at its own end, keyed as full
+attention's block: tests/engines/test_vllm_one_size_checkpoints.py). Not with full attention larger than
 the hash block alone: a block holding a whole prefix and a partial entry beside it is
 listed by the probes of both, and the scan may take the entry's hash (found: tests/
 engines/test_vllm_fine_full.py, full4+mamba4). Elsewhere vLLM
@@ -229,6 +231,8 @@ def view_for(lookups: HashLookups, core: Any, layout: Layout) -> BlockHashView:
     plain = [g for g, (spec, b) in enumerate(pairs) if not spec.sparse and b == h]
     if layout.sizes.partial and (not fine or plain):  # (a Mamba block's one entry is its content:
         pass  # groups/partial.py; beside full attention of the hash block's size, a larger one's too)
+    elif layout.sizes.checkpoints and not fine:  # (one size: a Mamba block holds the state at its end)
+        pass
     elif any(b != h for b in layout.sizes.sizes):
         unserved = ("groups of different block sizes: vLLM keys partial tail entries inside the "
                    "larger blocks, which prefixkv's block objects do not follow")

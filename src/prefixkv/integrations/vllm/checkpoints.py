@@ -24,7 +24,7 @@ from prefixkv.groups.checkpoints import position
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["inner", "prefill_end", "read_checkpoints", "step_blocks"]
+__all__ = ["inner", "prefill_end", "read_checkpoints", "reserved", "step_blocks"]
 
 
 def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool, one_size: bool = False) -> int | None:
@@ -94,4 +94,24 @@ def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[i
             after[g][j] = 0
             if c in (sizes.replay_at(prompt, gap), junction):
                 got = c
+    return got
+
+
+def reserved(manager: Any, group: int) -> dict[str, tuple[int, int]]:
+    """vLLM's ``MambaManager._checkpoints`` of ``group``: live vLLM request id -> the
+    checkpoint ``(c, j)`` its last step reserved there (the position the worker writes
+    the state at, the table entry of its block), from the hybrid manager's notes
+    (groups/checkpoints.py ``note``); a note of an earlier step than the request's last
+    is not its step's (vLLM pops it at the next step that reserves none). A fresh dict."""
+    steps = getattr(manager.core, "_checkpoints", None)
+    if not steps:
+        return {}
+    core, got = manager.core, {}
+    for rid, key in manager._keys.items():
+        note = steps.get(key)
+        if note is None or note[0] != core.num_scheduled_tokens(key):
+            continue
+        for g, c, j in note[1]:
+            if g == group:
+                got[rid] = (c, j)
     return got

@@ -5,11 +5,12 @@ hash hits are on, and how many blocks a request still needs), answered from pref
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
-from .checkpoints import prefill_end, step_blocks
+from .checkpoints import prefill_end, reserved, step_blocks
 from .layout import Layout
 from .retention_setter import set_retention_interval
 
@@ -61,7 +62,9 @@ class GroupView:
     ``kv_cache_spec``, the shared ``block_pool``, and read-only views of prefixkv's state in vLLM's shapes
     (``req_to_blocks``: live request id -> its blocks in this group, each a ``LiveRow``;
     ``num_cached_block``: live request id -> its cached full blocks, a snapshot;
-    ``_null_block``), which vLLM's tests inspect."""
+    ``_null_block``; ``cache_hit_alignment_tokens``, the coordinator's; ``_checkpoints``:
+    live request id -> its step's Mamba checkpoint ``(c, j)``, a snapshot), which vLLM's
+    tests inspect."""
 
     retains_longer_hit = False
 
@@ -92,6 +95,19 @@ class GroupView:
     def num_cached_block(self) -> dict[str, int]:
         m = self._manager
         return {rid: m.num_cached_tokens(rid) // self.block_size for rid in m.live_request_ids()}
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """The unit of the hits (the coordinator's ``_cache_hit_alignment_tokens``, which
+        vLLM's coordinator gives each of its managers)."""
+        return int(self._manager.coordinator._cache_hit_alignment_tokens)
+
+    @property
+    def _checkpoints(self) -> Mapping[str, tuple[int, int]]:
+        """vLLM's ``MambaManager._checkpoints``: live request id -> the chunk-end
+        checkpoint ``(position, table entry)`` its last step reserved in this group
+        (checkpoints.reserved), read-only; empty where the group takes none."""
+        return MappingProxyType(reserved(self._manager, self.kv_cache_group_id))
 
 
 class CoordinatorView:
