@@ -156,7 +156,8 @@ class HiSparseCache(HiSparseState):
         r, p = self._requests[key], self._pubs[key]
         if p.wish is None:
             return
-        n = min(min(p.wish[0], r.row.ready * self.block_size) // self.block_size, len(r.host), len(p.hashes))
+        ready = self._ready(key, r)
+        n = min(min(p.wish[0], ready * self.block_size) // self.block_size, len(r.host), len(p.hashes))
         index = self._index("host")
         for j in range(p.host, n):
             if r.host[j].key is None:
@@ -170,8 +171,23 @@ class HiSparseCache(HiSparseState):
                 self.copies[h] = block
                 self._copy_of[block.block_id] = h
         p.recorded = max(p.recorded, n)
-        if r.row.ready >= p.wish[1]:
+        if ready >= p.wish[1]:
             p.wish = None
+
+    def _ready(self, key: Hashable, r: _Request) -> int:
+        """The pages of ``key``'s valid host prefix, as vLLM counts it for publication:
+        none while its import is pending or after it failed (the load's pages are not
+        written); past a done import's whole last page while its restore is in flight
+        (the load wrote its host copy)."""
+        if key in self.imports.pending or key in self.imports.failed:
+            return 0
+        ready, row = r.row.ready, r.row
+        if any(k == key and page == ready and self.imports.restores.get(tid, False)
+               for tid, (k, page) in self.spills.flight.items()):
+            ready += 1
+            while ready < len(row) and row.state(ready) in _VALID:
+                ready += 1
+        return ready
 
     def _drop_copy(self, h: bytes) -> None:
         old = self.copies.pop(h, None)
