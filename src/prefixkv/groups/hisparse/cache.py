@@ -18,7 +18,7 @@ tests/engines/test_vllm_hisparse_cache.py.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...core.block import Block, blocks_for
@@ -165,11 +165,8 @@ class HiSparseCache(HiSparseState):
         p.host = max(p.host, n)
         for page in range(p.recorded, n):
             block, h = r.blocks[page], r.host[page].key
-            if block is not None and h is not None and r.row.state(page) != IN_FLIGHT:
-                assert isinstance(h, bytes)
-                self._drop_copy(h)
-                self.copies[h] = block
-                self._copy_of[block.block_id] = h
+            if block is not None and r.row.state(page) != IN_FLIGHT:
+                self._record_copy(h, block)
         p.recorded = max(p.recorded, n)
         if ready >= p.wish[1]:
             p.wish = None
@@ -188,6 +185,23 @@ class HiSparseCache(HiSparseState):
             while ready < len(row) and row.state(ready) in _VALID:
                 ready += 1
         return ready
+
+    def report(self, enqueued: Mapping[int, int], completed: Mapping[int, int]) -> list[int]:
+        """``HiSparseState.report``; a live request's page restored whole from its published
+        host block (an import's last page) is indexed as that block's GPU copy."""
+        restores = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
+        done = super().report(enqueued, completed)
+        for tid, (key, page) in restores:
+            r = self._requests.get(key)
+            if tid in done and r is not None and r.blocks[page] is not None:
+                self._record_copy(r.host[page].key, r.blocks[page])
+        return done
+
+    def _record_copy(self, h: Hashable, block: Block) -> None:
+        if isinstance(h, bytes):
+            self._drop_copy(h)
+            self.copies[h] = block
+            self._copy_of[block.block_id] = h
 
     def _drop_copy(self, h: bytes) -> None:
         old = self.copies.pop(h, None)
