@@ -150,7 +150,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                     seen.add("shared")
         elif op == "load" and not live[a]:
             reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
-            live[a] = loading[a] = _load(sides, written, reqs[a], n, seen)
+            live[a] = loading[a] = _load(sides, written, reqs[a], n, f, seen)
         elif op == "finish" and loading[a]:
             loading[a] = False
             live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, seen)
@@ -219,16 +219,16 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
     req.num_computed_tokens = total
 
 
-def _load(sides: Any, written: Any, req: Any, n: int, seen: set[str]) -> bool:
+def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> bool:
     """A new request's external load of ``n`` tokens (its whole prompt at most) as its first
-    allocation, asynchronous (caching delayed), where the lookup finds no hit (a hit
+    allocation, asynchronous (caching delayed) unless ``f`` >= 6, where the lookup finds no hit (a hit
     beside a load: prefixkv refuses it by name, nothing changed); whether it was admitted."""
     from vllm.v1.request import RequestStatus
 
     hits = [m.get_computed_blocks(req) for m in sides]
     assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), ("load", n)
     ext = min(n, req.num_tokens)
-    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=True)
+    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
     if hits[0][1]:
         before = _free_counts(sides[1])
         with pytest.raises(UnsupportedByPrefixKV, match="external"):
@@ -245,7 +245,7 @@ def _load(sides: Any, written: Any, req: Any, n: int, seen: set[str]) -> bool:
         written[side].handed_out(m.get_blocks(req.request_id))
     req.num_computed_tokens = ext
     req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-    seen.add("loaded")
+    seen.add("loaded" if f < 6 else "loaded synchronously")
     return True
 
 
