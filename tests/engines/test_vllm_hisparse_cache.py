@@ -123,7 +123,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     written = Written(), Written()
     reqs: list[Any] = [None, None, None]
     live: list[bool] = [False, False, False]
-    loading: list[bool] = [False, False, False]  # (an external load pending: its pages unwritten)
+    loading = [0, 0, 0]  # (an external load pending, its pages unwritten: 1 asynchronous, 2 synchronous)
     seen: set[str] = set()
     taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
@@ -150,10 +150,11 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                     seen.add("shared")
         elif op == "load" and not live[a]:
             reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
-            live[a] = loading[a] = _load(sides, written, reqs[a], n, f, seen)
+            loading[a] = _load(sides, written, reqs[a], n, f, seen)
+            live[a] = bool(loading[a])
         elif op == "finish" and loading[a]:
-            loading[a] = False
-            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, seen)
+            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen)
+            loading[a] = 0
         elif op in ("step", "decode") and live[a] and not loading[a]:
             req = reqs[a]
             n = step_tokens(req, op, n)
@@ -173,7 +174,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             for m in sides:
                 m.free(reqs[a])
             seen.add("freed loading") if loading[a] else None
-            live[a] = loading[a] = False
+            live[a], loading[a] = False, 0
             seen.add("freed finished" if n else "freed preempted")
         elif op == "reset":
             done = sides[0].reset_prefix_cache()
@@ -219,10 +220,11 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
     req.num_computed_tokens = total
 
 
-def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> bool:
+def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> int:
     """A new request's external load of ``n`` tokens (its whole prompt at most) as its first
     allocation, asynchronous (caching delayed) unless ``f`` >= 6, where the lookup finds no hit (a hit
-    beside a load: prefixkv refuses it by name, nothing changed); whether it was admitted."""
+    beside a load: prefixkv refuses it by name, nothing changed); 0 unless admitted, 1
+    asynchronous, 2 synchronous."""
     from vllm.v1.request import RequestStatus
 
     hits = [m.get_computed_blocks(req) for m in sides]
@@ -236,22 +238,24 @@ def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) ->
                                     **args)
         assert _free_counts(sides[1]) == before and not sides[1].state.holds(req.request_id)
         seen.add("load after a hit refused")
-        return False
+        return 0
     got = [m.allocate_slots(req, 0, **args) for m in sides]
     assert _ids(got[1]) == _ids(got[0]), ("load", ext)
     if got[0] is None:
-        return False
+        return 0
     for side, m in enumerate(sides):
         written[side].handed_out(m.get_blocks(req.request_id))
     req.num_computed_tokens = ext
     req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
     seen.add("loaded" if f < 6 else "loaded synchronously")
-    return True
+    return 1 if f < 6 else 2
 
 
-def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, seen: set[str]) -> bool:
+def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, sync: bool,
+            seen: set[str]) -> bool:
     """The connector ends ``req``'s load: failed (the scheduler frees it, no token
-    valid), or done (its whole pages written by the load, its tail page restored before
+    valid; a synchronous load's blocks, cached at its allocation, evicted first as the
+    scheduler's invalid blocks), or done (its whole pages written by the load, its tail page restored before
     the next forward, the caching wish up to the loaded tokens, then the last token of a
     whole prompt computed again); whether the request still runs."""
     from vllm.v1.request import RequestStatus
@@ -260,6 +264,8 @@ def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, 
         c.finish_host_import(req.request_id, failed=bool(failed))
     if failed:
         for m in sides:
+            if sync:
+                m.evict_blocks(set(m.get_block_ids(req.request_id)[1][:req.num_computed_tokens // BS]))
             m.free(req)
         seen.add("load failed")
         return False
@@ -406,3 +412,31 @@ def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_ch
     assert (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks()) == before
     assert ours.get_block_ids("probe") == ([], [], [], []) and ours.get_computed_blocks(probe)[1] == 32
     ours.state.check_invariants()
+
+
+def test_exact_values_of_an_external_load_published_hit_and_its_restore_indexed() -> None:
+    """A synchronous load of 48 tokens (3 whole pages): its indexer pages cached at the
+    allocation, its host pages published only once the load is done (never while it is
+    pending: no wrong hit on pages not written yet), the whole last page too while its
+    restore is in flight; the restore confirmed, that page's GPU block is indexed as the
+    host block's copy. The same values as vLLM's manager (checked by running both)."""
+    probe_tokens = list(range(64))
+    for side, m in enumerate((vllm_manager(hisparse_config(32, 16), max_model_len=MAX_LEN, enable_caching=True),
+                              _plugin_manager(hisparse_config(32, 16), enable_caching=True))):
+        seam = get_hisparse_coordinator(m)
+        loaded = _request("loaded", list(range(48)) + [7000, 7001], BS)
+        got = m.allocate_slots(loaded, 0, num_external_computed_tokens=48)
+        assert got.get_block_ids() == ([], [], [], [5, 6]), side
+        assert m.get_block_ids("loaded") == ([1, 2, 3], [1, 2, 3], [0, 0, 4], [5, 6])
+        assert [b.block_hash is not None for b in m.get_blocks("loaded").blocks[1]] == [True] * 3
+        probe = _request("probe", probe_tokens, BS)
+        assert m.get_computed_blocks(probe)[1] == 0, side  # (pending: nothing published)
+        seam.finish_host_import("loaded", failed=False)
+        m.cache_blocks(loaded, 48)
+        blocks, hit, _ = m.get_computed_blocks(probe)
+        assert (blocks.get_block_ids(), hit) == (([1, 2, 3], [1, 2, 3], [], []), 48), side
+        sent = seam.build_offload_command().page_transfers
+        assert [(t.resident_block_ids, t.restore) for t in sent] == [((4,), True)]
+        assert not seam.copies
+        seam.update_spills({sent[0].transfer_id: 1}, {sent[0].transfer_id: 1})
+        assert [[b.block_id for b in bs] for bs in seam.copies.values()] == [[4]], side
