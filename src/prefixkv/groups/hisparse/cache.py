@@ -193,8 +193,9 @@ class HiSparseCache(HiSparseState):
         done = super().report(enqueued, completed)
         for tid, (key, page) in restores:
             r = self._requests.get(key)
-            if tid in done and r is not None and r.blocks[page] is not None:
-                self._record_copy(r.host[page].key, r.blocks[page])
+            block = None if r is None or tid not in done else r.blocks[page]
+            if r is not None and block is not None:
+                self._record_copy(r.host[page].key, block)
         return done
 
     def _record_copy(self, h: Hashable, block: Block) -> None:
