@@ -166,7 +166,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             seen.add("stepped" if got[0] is not None else "refused")
         elif op == "confirm":
             confirm(coordinators, a, f)
-        elif op == "free" and live[a]:
+        elif op == "free" and live[a] and loading[a] != 2:  # (a synchronous load ends in its step)
             reqs[a].status = RequestStatus.FINISHED_STOPPED if n else RequestStatus.PREEMPTED
             for m in sides:
                 m.free(reqs[a])
