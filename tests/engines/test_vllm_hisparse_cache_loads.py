@@ -68,3 +68,15 @@ def test_exact_values_of_an_external_load_published_hit_and_its_restore_indexed(
         assert not seam.copies
         seam.update_spills({sent[0].transfer_id: 1}, {sent[0].transfer_id: 1})
         assert [[b.block_id for b in bs] for bs in seam.copies.values()] == [[4]], side
+
+
+def test_a_pending_load_with_new_tokens_publishes_nothing() -> None:
+    """A synchronous load of 48 tokens with 16 new ones: the caching wish reaches 64
+    tokens, but no host page is published before the load is done (main gave a hit of
+    16 tokens here, on a page the load had not written: a wrong KV); vLLM's 0."""
+    cfg = hisparse_config(32, 16)
+    for m in (vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
+              _plugin_manager(cfg, enable_caching=True)):
+        get_hisparse_coordinator(m)  # (vLLM's manager needs its coordinator first)
+        m.allocate_slots(_request("loaded", list(range(70)), BS), 16, num_external_computed_tokens=48)
+        assert m.get_computed_blocks(_request("probe", list(range(64)), BS))[1] == 0, type(m).__name__
