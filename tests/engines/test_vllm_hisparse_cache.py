@@ -149,6 +149,9 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
             loading[a] = _load(sides, written, reqs[a], n, f, seen)
             live[a] = bool(loading[a])
+            if loading[a] == 2:  # (a synchronous load ends within its step, before any lookup)
+                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen)
+                loading[a] = 0
         elif op == "finish" and loading[a]:
             live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen)
             loading[a] = 0
@@ -166,7 +169,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             seen.add("stepped" if got[0] is not None else "refused")
         elif op == "confirm":
             confirm(coordinators, a, f)
-        elif op == "free" and live[a] and loading[a] != 2:  # (a synchronous load ends in its step)
+        elif op == "free" and live[a]:
             reqs[a].status = RequestStatus.FINISHED_STOPPED if n else RequestStatus.PREEMPTED
             for m in sides:
                 m.free(reqs[a])
