@@ -9,6 +9,9 @@ with exact values, the same as vLLM's. Needs vllm installed."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +42,30 @@ def test_random_streams_with_external_loads_answer_as_vllm(
     ended done or failed by the connector, freed mid-load; its pages published, hit and
     adopted beside restores as vLLM does, never a wrong KV."""
     side_by_side(num_blocks, host_blocks, in_flight, reprefill, ops)
+
+
+def seeded_ops(seed: int) -> tuple[tuple[int, int, int, int], list[tuple[str, int, int, int]]]:
+    """A stream's shape and ops from ``seed``: admissions, loads and their ends weighed up
+    (a hit on loaded pages needs a load done, a confirmation and an admission)."""
+    r = random.Random(seed)
+    shape = (r.randint(12, 40), r.randint(8, 32), r.choice([32, 64, MAX_LEN]), r.choice([0, 0, 2]))
+    ops = {"a": lambda: ("admit", r.randint(0, 2), r.randint(1, 80), r.randint(0, 7)),
+           "c": lambda: ("confirm", r.randint(0, 2**16 - 1), 0, r.randint(0, 1)),
+           "f": lambda: ("free", r.randint(0, 2), r.randint(0, 1), 0),
+           "s": lambda: ("step", r.randint(0, 2), r.randint(1, 48), r.randint(0, 3)),
+           "d": lambda: ("decode", r.randint(0, 2), r.randint(1, 3), 0),
+           "l": lambda: ("load", r.randint(0, 2), r.randint(1, 90), r.randint(0, 7)),
+           "n": lambda: ("finish", r.randint(0, 2), r.choice([0, 0, 0, 1]), 0),
+           "r": lambda: ("reset", 0, 0, 0),
+           "t": lambda: ("take", r.randint(1, 8), 0, r.randint(0, 1)),
+           "g": lambda: ("give_back", 0, 0, 0)}
+    return shape, [ops[r.choice("aaaacccfffsdlllnnrtg")]() for _ in range(r.randint(12, 60))]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_seeded_streams_with_external_loads_answer_as_vllm(seed: int) -> None:
+    shape, ops = seeded_ops(seed)
+    side_by_side(*shape, ops)
 
 
 def test_exact_values_of_an_external_load_published_hit_and_its_restore_indexed() -> None:
