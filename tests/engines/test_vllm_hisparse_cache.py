@@ -40,7 +40,7 @@ STEMS = (list(range(100, 164)), list(range(500, 532)))  # (two shared prompt ste
 _ADMIT = st.tuples(st.just("admit"), st.integers(0, 2), st.integers(1, 80), st.integers(0, 7))
 _CONFIRM = st.tuples(st.just("confirm"), st.integers(0, 2**16 - 1), st.just(0), st.integers(0, 1))
 _FREE = st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7))
-OPS = st.lists(st.one_of(  # (admissions, confirmations and frees weighed up: hits need all three)
+OP = st.one_of(  # (admissions, confirmations and frees weighed up: hits need all three)
     _ADMIT, _ADMIT, _ADMIT, _ADMIT, _CONFIRM, _CONFIRM, _CONFIRM, _FREE, _FREE, _FREE,
     st.tuples(st.just("step"), st.integers(0, 2), st.integers(1, 48), st.integers(0, 3)),
     st.tuples(st.just("decode"), st.integers(0, 2), st.integers(1, 3), st.just(0)),
@@ -48,7 +48,8 @@ OPS = st.lists(st.one_of(  # (admissions, confirmations and frees weighed up: hi
     st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.integers(0, 1)),
-    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0))), min_size=12, max_size=50)
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)))
+OPS = st.lists(OP, min_size=12, max_size=50)
 
 
 def _prompt(k: int, variant: int) -> list[int]:
@@ -119,6 +120,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     written = Written(), Written()
     reqs: list[Any] = [None, None, None]
     live: list[bool] = [False, False, False]
+    loading = [0, 0, 0]  # (an external load pending, its pages unwritten: 1 asynchronous, 2 synchronous)
     seen: set[str] = set()
     taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
@@ -143,7 +145,17 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 if any(adopted & {b.block_id for b in resident.get_residency_row(r.request_id)}
                        for r, on in zip(reqs, live, strict=True) if on and r is not req):
                     seen.add("shared")
-        elif op in ("step", "decode") and live[a]:
+        elif op == "load" and not live[a]:
+            reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
+            loading[a] = _load(sides, written, reqs[a], n, f, seen)
+            live[a] = bool(loading[a])
+            if loading[a] == 2:  # (a synchronous load ends within its step, before any lookup)
+                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen)
+                loading[a] = 0
+        elif op == "finish" and loading[a]:
+            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen)
+            loading[a] = 0
+        elif op in ("step", "decode") and live[a] and not loading[a]:
             req = reqs[a]
             n = step_tokens(req, op, n)
             if not n:
@@ -161,7 +173,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             reqs[a].status = RequestStatus.FINISHED_STOPPED if n else RequestStatus.PREEMPTED
             for m in sides:
                 m.free(reqs[a])
-            live[a] = False
+            seen.add("freed loading") if loading[a] else None
+            live[a], loading[a] = False, 0
             seen.add("freed finished" if n else "freed preempted")
         elif op == "reset":
             done = sides[0].reset_prefix_cache()
@@ -183,7 +196,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 for side, pool in enumerate(_pools(sides, coordinators, h)):
                     pool.free_blocks(taken[h][side])
                 taken[h] = [[], []]
-        _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written)
+        _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written,
+                 [r.request_id for r, on in zip(reqs, loading, strict=True) if on])
         sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()),
                                         list(coordinators[1].get_host_block_pool().taken.values()))
         if coordinators[0].copies:
@@ -206,7 +220,71 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
     req.num_computed_tokens = total
 
 
-def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any) -> None:
+def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> int:
+    """A new request's external load of ``n`` tokens (its whole prompt at most) as its first
+    allocation, asynchronous (caching delayed) unless ``f`` >= 6, where the lookup finds no hit (a hit
+    beside a load: prefixkv refuses it by name, nothing changed); 0 unless admitted, 1
+    asynchronous, 2 synchronous."""
+    from vllm.v1.request import RequestStatus
+
+    hits = [m.get_computed_blocks(req) for m in sides]
+    assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), ("load", n)
+    ext = min(n, req.num_tokens)
+    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
+    if hits[0][1]:
+        before = _free_counts(sides[1])
+        with pytest.raises(UnsupportedByPrefixKV, match="external"):
+            sides[1].allocate_slots(req, 0, num_new_computed_tokens=hits[1][1],
+                                    new_computed_blocks=hits[1][0], **args)
+        assert _free_counts(sides[1]) == before and not sides[1].state.holds(req.request_id)
+        seen.add("load after a hit refused")
+        return 0
+    got = [m.allocate_slots(req, 0, **args) for m in sides]
+    assert _ids(got[1]) == _ids(got[0]), ("load", ext)
+    if got[0] is None:
+        return 0
+    for side, m in enumerate(sides):
+        written[side].handed_out(m.get_blocks(req.request_id))
+    req.num_computed_tokens = ext
+    req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    seen.add("loaded" if f < 6 else "loaded synchronously")
+    return 1 if f < 6 else 2
+
+
+def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, sync: bool,
+            seen: set[str]) -> bool:
+    """The connector ends ``req``'s load: failed (the scheduler frees it, no token
+    valid; a synchronous load's blocks, cached at its allocation, evicted first as the
+    scheduler's invalid blocks), or done (its whole pages written by the load, its tail page restored before
+    the next forward, the caching wish up to the loaded tokens, then the last token of a
+    whole prompt computed again); whether the request still runs."""
+    from vllm.v1.request import RequestStatus
+
+    for c in coordinators:
+        c.finish_host_import(req.request_id, failed=bool(failed))
+    if failed:
+        for m in sides:
+            if sync:
+                m.evict_blocks(set(m.get_block_ids(req.request_id)[1][:req.num_computed_tokens // BS]))
+            m.free(req)
+        seen.add("load failed")
+        return False
+    ext = req.num_computed_tokens
+    for side, m in enumerate(sides):
+        written[side].computed(m, req, 0, ext)
+        m.cache_blocks(req, ext)
+    req.num_computed_tokens = min(ext, req.num_tokens - 1)
+    req.status = RequestStatus.WAITING
+    seen.add("load done")
+    return True
+
+
+def _free_counts(m: Any) -> tuple[int, int]:
+    host = get_hisparse_coordinator(m).get_host_block_pool()
+    return m.block_pool.get_num_free_blocks(), host.get_num_free_blocks()
+
+
+def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any, loading: list[str]) -> None:
     compare(sides[0], sides[1], coordinators, reqs)
     for req in reqs:
         blocks = [m.get_blocks(req.request_id).blocks for m in sides]
@@ -214,7 +292,8 @@ def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any) -> No
             assert [(b.block_hash, b.ref_cnt) for b in blocks[1][g]] == \
                 [(b.block_hash, b.ref_cnt) for b in blocks[0][g]], (req.request_id, g)
         for side, m in enumerate(sides):
-            written[side].check(m, req)
+            if req.request_id not in loading:
+                written[side].check(m, req)
     copies = [{h: [b.block_id for b in bs] for h, bs in c.copies.items()} for c in coordinators]
     assert copies[1] == copies[0]
 
@@ -322,3 +401,4 @@ def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_ch
     assert (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks()) == before
     assert ours.get_block_ids("probe") == ([], [], [], []) and ours.get_computed_blocks(probe)[1] == 32
     ours.state.check_invariants()
+

@@ -18,7 +18,7 @@ tests/engines/test_vllm_hisparse_cache.py.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...core.block import Block, blocks_for
@@ -156,7 +156,8 @@ class HiSparseCache(HiSparseState):
         r, p = self._requests[key], self._pubs[key]
         if p.wish is None:
             return
-        n = min(min(p.wish[0], r.row.ready * self.block_size) // self.block_size, len(r.host), len(p.hashes))
+        ready = self._ready(key, r)
+        n = min(min(p.wish[0], ready * self.block_size) // self.block_size, len(r.host), len(p.hashes))
         index = self._index("host")
         for j in range(p.host, n):
             if r.host[j].key is None:
@@ -164,14 +165,44 @@ class HiSparseCache(HiSparseState):
         p.host = max(p.host, n)
         for page in range(p.recorded, n):
             block, h = r.blocks[page], r.host[page].key
-            if block is not None and h is not None and r.row.state(page) != IN_FLIGHT:
-                assert isinstance(h, bytes)
-                self._drop_copy(h)
-                self.copies[h] = block
-                self._copy_of[block.block_id] = h
+            if block is not None and r.row.state(page) != IN_FLIGHT:
+                self._record_copy(h, block)
         p.recorded = max(p.recorded, n)
-        if r.row.ready >= p.wish[1]:
+        if ready >= p.wish[1]:
             p.wish = None
+
+    def _ready(self, key: Hashable, r: _Request) -> int:
+        """The pages of ``key``'s valid host prefix, as vLLM counts it for publication:
+        none while its import is pending or after it failed (the load's pages are not
+        written); past a done import's whole last page while its restore is in flight
+        (the load wrote its host copy)."""
+        if key in self.imports.pending or key in self.imports.failed:
+            return 0
+        ready, row = r.row.ready, r.row
+        if any(k == key and page == ready and self.imports.restores.get(tid, False)
+               for tid, (k, page) in self.spills.flight.items()):
+            ready += 1
+            while ready < len(row) and row.state(ready) in _VALID:
+                ready += 1
+        return ready
+
+    def report(self, enqueued: Mapping[int, int], completed: Mapping[int, int]) -> list[int]:
+        """``HiSparseState.report``; a live request's page restored whole from its published
+        host block (an import's last page) is indexed as that block's GPU copy."""
+        restores = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
+        done = super().report(enqueued, completed)
+        for tid, (key, page) in restores:
+            r = self._requests.get(key)
+            block = None if r is None or tid not in done else r.blocks[page]
+            if r is not None and block is not None:
+                self._record_copy(r.host[page].key, block)
+        return done
+
+    def _record_copy(self, h: Hashable, block: Block) -> None:
+        if isinstance(h, bytes):
+            self._drop_copy(h)
+            self.copies[h] = block
+            self._copy_of[block.block_id] = h
 
     def _drop_copy(self, h: bytes) -> None:
         old = self.copies.pop(h, None)

@@ -120,7 +120,8 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
         else:
             got = super().allocate_slots(request, num_new_tokens, **a)
         if got is not None and not a["delay_cache_blocks"]:
-            computed = min(request.num_computed_tokens + k_tokens, self.max_model_len)
+            computed = min(request.num_computed_tokens + k_tokens + a["num_external_computed_tokens"],
+                           self.max_model_len)  # (a synchronous load's tokens are cached too)
             done = min(computed + num_new_tokens, request.num_tokens)
             self._cache(request, done)
         return got

@@ -1,0 +1,109 @@
+"""HiSparse with prefix caching on and external (connector) loads in one stream:
+test_vllm_hisparse_cache.py's side-by-side streams against vLLM 0.33's own manager
+(every answer compared, wrong KV tracked) with loads among the ops: a new request's
+load as its first allocation (asynchronous, caching delayed; or synchronous, cached at
+once), ended done (its pages published, hit and adopted; its last page restored) or
+failed (the request freed; a synchronous load's blocks evicted first as the scheduler's
+invalid blocks), or freed mid-load; a load after a hit refused by name. Then a scenario
+with exact values, the same as vLLM's. Needs vllm installed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from . import skip_module_without_vllm
+
+skip_module_without_vllm()
+
+from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
+
+from .hisparse_model import BS, MAX_LEN  # noqa: E402
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
+from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
+from .test_vllm_hisparse_cache import OP, _none_hash, side_by_side  # noqa: E402, F401
+from .test_vllm_hisparse_manager import _plugin_manager  # noqa: E402
+
+_LOAD = st.tuples(st.just("load"), st.integers(0, 2), st.integers(1, 90), st.integers(0, 7))
+_FINISH = st.tuples(st.just("finish"), st.integers(0, 2), st.sampled_from([0, 0, 0, 1]), st.just(0))
+LOAD_OPS = st.lists(st.one_of(OP, _LOAD, _LOAD, _FINISH, _FINISH), min_size=12, max_size=50)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(12, 40), host_blocks=st.integers(8, 32),
+       in_flight=st.sampled_from([32, 64, MAX_LEN]), reprefill=st.sampled_from([0, 0, 2]), ops=LOAD_OPS)
+def test_random_streams_with_external_loads_answer_as_vllm(
+        num_blocks: int, host_blocks: int, in_flight: int, reprefill: int,
+        ops: list[tuple[str, int, int, int]]) -> None:
+    """The streams above with external loads among them: a new request's load (no hit),
+    ended done or failed by the connector, freed mid-load; its pages published, hit and
+    adopted beside restores as vLLM does, never a wrong KV."""
+    side_by_side(num_blocks, host_blocks, in_flight, reprefill, ops)
+
+
+def seeded_ops(seed: int) -> tuple[tuple[int, int, int, int], list[tuple[str, int, int, int]]]:
+    """A stream's shape and ops from ``seed``: admissions, loads and their ends weighed up
+    (a hit on loaded pages needs a load done, a confirmation and an admission)."""
+    r = random.Random(seed)
+    shape = (r.randint(12, 40), r.randint(8, 32), r.choice([32, 64, MAX_LEN]), r.choice([0, 0, 2]))
+    ops = {"a": lambda: ("admit", r.randint(0, 2), r.randint(1, 80), r.randint(0, 7)),
+           "c": lambda: ("confirm", r.randint(0, 2**16 - 1), 0, r.randint(0, 1)),
+           "f": lambda: ("free", r.randint(0, 2), r.randint(0, 1), 0),
+           "s": lambda: ("step", r.randint(0, 2), r.randint(1, 48), r.randint(0, 3)),
+           "d": lambda: ("decode", r.randint(0, 2), r.randint(1, 3), 0),
+           "l": lambda: ("load", r.randint(0, 2), r.randint(1, 90), r.randint(0, 7)),
+           "n": lambda: ("finish", r.randint(0, 2), r.choice([0, 0, 0, 1]), 0),
+           "r": lambda: ("reset", 0, 0, 0),
+           "t": lambda: ("take", r.randint(1, 8), 0, r.randint(0, 1)),
+           "g": lambda: ("give_back", 0, 0, 0)}
+    return shape, [ops[r.choice("aaaacccfffsdlllnnrtg")]() for _ in range(r.randint(12, 60))]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_seeded_streams_with_external_loads_answer_as_vllm(seed: int) -> None:
+    shape, ops = seeded_ops(seed)
+    side_by_side(*shape, ops)
+
+
+def test_exact_values_of_an_external_load_published_hit_and_its_restore_indexed() -> None:
+    """A synchronous load of 48 tokens (3 whole pages): its indexer pages cached at the
+    allocation, its host pages published only once the load is done (never while it is
+    pending: no wrong hit on pages not written yet), the whole last page too while its
+    restore is in flight; the restore confirmed, that page's GPU block is indexed as the
+    host block's copy. The same values as vLLM's manager (checked by running both)."""
+    probe_tokens = list(range(64))
+    cfg = hisparse_config(32, 16)
+    for side, m in enumerate((vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
+                              _plugin_manager(cfg, enable_caching=True))):
+        seam = get_hisparse_coordinator(m)
+        loaded = _request("loaded", list(range(48)) + [7000, 7001], BS)
+        got = m.allocate_slots(loaded, 0, num_external_computed_tokens=48)
+        assert got.get_block_ids() == ([], [], [], [5, 6]), side
+        assert m.get_block_ids("loaded") == ([1, 2, 3], [1, 2, 3], [0, 0, 4], [5, 6])
+        assert [b.block_hash is not None for b in m.get_blocks("loaded").blocks[1]] == [True] * 3
+        probe = _request("probe", probe_tokens, BS)
+        assert m.get_computed_blocks(probe)[1] == 0, side  # (pending: nothing published)
+        seam.finish_host_import("loaded", failed=False)
+        m.cache_blocks(loaded, 48)
+        blocks, hit, _ = m.get_computed_blocks(probe)
+        assert (blocks.get_block_ids(), hit) == (([1, 2, 3], [1, 2, 3], [], []), 48), side
+        sent = seam.build_offload_command().page_transfers
+        assert [(t.resident_block_ids, t.restore) for t in sent] == [((4,), True)]
+        assert not seam.copies
+        seam.update_spills({sent[0].transfer_id: 1}, {sent[0].transfer_id: 1})
+        assert [[b.block_id for b in bs] for bs in seam.copies.values()] == [[4]], side
+
+
+def test_a_pending_load_with_new_tokens_publishes_nothing() -> None:
+    """A synchronous load of 48 tokens with 16 new ones: the caching wish reaches 64
+    tokens, but no host page is published before the load is done (main gave a hit of
+    16 tokens here, on a page the load had not written: a wrong KV); vLLM's 0."""
+    cfg = hisparse_config(32, 16)
+    for m in (vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
+              _plugin_manager(cfg, enable_caching=True)):
+        get_hisparse_coordinator(m)  # (vLLM's manager needs its coordinator first)
+        m.allocate_slots(_request("loaded", list(range(70)), BS), 16, num_external_computed_tokens=48)
+        assert m.get_computed_blocks(_request("probe", list(range(64)), BS))[1] == 0, type(m).__name__
