@@ -25,6 +25,7 @@ from .test_vllm_eagle_mamba import EagleSides, _noting_copies, check_holds  # no
 from .test_vllm_mamba_sizes import OP  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import PARTIAL, PROMPT  # noqa: E402
+from .vllm_split import vllm_mamba_chunk  # noqa: E402
 
 
 def eagle_checkpoint_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
@@ -33,20 +34,7 @@ def eagle_checkpoint_chunk(step: int, h: int, start: int, n: int, total: int, pr
     settings, the junction 0), but a chunk starting inside a Mamba block ends at its end
     (test_vllm_mamba_checkpoints.py's ``CheckpointPair._chunk``: vLLM then caches that
     block as the state at its end, which prefixkv never does)."""
-    from types import SimpleNamespace
-
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    sched = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
-        use_eagle=True, use_eagle_block_drop=True, num_hash_lookahead_tokens=0,
-        mamba_has_prefill_checkpoint_blocks=True, mamba_prefill_checkpoint_alignment=h,
-        mamba_shared_prefix_checkpoint=False, max_num_scheduled_tokens=8192,
-        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
-    req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=total,
-                          shared_prefix_boundary=0)
-    n = max(1, Scheduler._mamba_block_aligned_split(sched, req, n))  # type: ignore[arg-type]
-    return min(n, step - start % step) if start % step else n
+    return vllm_mamba_chunk(step, h, start, n, total, prompt, eagle=True, align=h)
 
 
 class CheckpointEagleSides(EagleSides):

@@ -21,7 +21,6 @@ import math
 import os
 from dataclasses import replace
 from functools import reduce
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -39,6 +38,7 @@ from .test_vllm_fine_full import TWO_FULL, same_block_hashes  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
+from .vllm_split import vllm_mamba_chunk  # noqa: E402
 
 # (groups, hash block: None for their gcd); full attention larger than the hash block is
 # refused (its partial tail entries differ from vLLM's under lookahead: a hit of 2 where
@@ -91,18 +91,7 @@ def scheduler_chunk(step: int, h: int, start: int, n: int, total: int, prompt: i
     ``_mamba_block_aligned_split``) with Mamba blocks of ``step``, hash block ``h``,
     lookahead hashing of ``lookahead`` tokens, checkpoint blocks aligned to ``align`` (0:
     none), the request's junction 0; a chunk starting inside a Mamba block ends at its end."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    sched = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=step), hash_block_size=h, mamba_partial_cache_hit=True,
-        use_eagle_block_drop=False, num_hash_lookahead_tokens=lookahead,
-        mamba_has_prefill_checkpoint_blocks=bool(align), mamba_prefill_checkpoint_alignment=align or None,
-        mamba_shared_prefix_checkpoint=False, max_num_scheduled_tokens=8192,
-        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
-    req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=total,
-                          shared_prefix_boundary=0)
-    n = max(1, Scheduler._mamba_block_aligned_split(sched, req, n))  # type: ignore[arg-type]
-    return min(n, step - start % step) if start % step else n
+    return vllm_mamba_chunk(step, h, start, n, total, prompt, lookahead=lookahead, align=align)
 
 
 class LookaheadSides(Sides):
