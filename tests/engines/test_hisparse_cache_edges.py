@@ -1,0 +1,98 @@
+"""Edges of HiSparse prefix caching on the state (``groups.hisparse.cache``) and of its
+imports' bookkeeping (``groups.hisparse.imports``) that the side-by-side tests against
+vLLM do not reach, because vLLM's manager always asks for caching before a step: a
+request the caller never asks to cache, a hit whose copies are confirmed before its
+first caching wish, a hit asked with no pages, and the imports' own invariants. Exact
+values; needs no vLLM (mutants-r29)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixkv.errors import InvariantError, RequestError
+from prefixkv.groups.hisparse.cache import HiSparseCache
+from prefixkv.groups.hisparse.imports import Imports
+
+BS = 4
+HASHES = [bytes([i]) * 4 for i in range(8)]
+
+
+def _cache() -> HiSparseCache:
+    # 32 device blocks, 32 host blocks, a 1-block hot region, a window of 8 pages, 16 pages
+    return HiSparseCache(32, 32, 1, BS, 8, 16)
+
+
+def _confirm_all(s: HiSparseCache) -> list[int]:
+    sent = [tid for tid, _, _ in s.take_copies()]
+    return s.report(dict.fromkeys(sent, 1), dict.fromkeys(sent, 1))
+
+
+def _published(s: HiSparseCache) -> tuple[int, int]:
+    host, indexer = s.lookup(HASHES, 32)
+    return len(host), len(indexer)
+
+
+def test_a_request_never_cached_steps_confirms_and_goes_publishing_nothing() -> None:
+    s = _cache()
+    assert s.allocate("a", 16)
+    s.advance("a", 16)
+    assert _confirm_all(s) == [0, 1, 2, 3]
+    s.advance("a", 16)  # (a second step: nothing to adopt, no wish)
+    s.check_invariants()
+    s.free("a", finished=True)
+    s.check_invariants()
+    assert _published(s) == (0, 0) and s.copies == {}
+    assert (s.device.num_free, s.host.num_free) == (31, 31)
+
+
+def _hit(s: HiSparseCache) -> tuple[int, int]:
+    """Request "a" computes 4 pages, is cached and confirmed, and goes: 4 pages published."""
+    assert s.allocate("a", 16)
+    s.cache("a", 16, HASHES)
+    s.advance("a", 16)
+    _confirm_all(s)
+    s.free("a", finished=True)
+    return _published(s)
+
+
+def test_a_hits_copies_confirmed_before_its_first_wish_publish_nothing_more() -> None:
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("b", 24, HASHES, host, indexer)
+    s.advance("b", 24)
+    assert _confirm_all(s) == [4, 5]  # (pages 4 and 5, past the hit; no wish yet)
+    s.check_invariants()
+    assert _published(s) == (4, 4)
+    s.cache("b", 24, HASHES)
+    assert _published(s) == (6, 6)
+
+
+def test_a_hit_of_no_page_is_refused_with_nothing_changed() -> None:
+    s = _cache()
+    free = (s.device.num_free, s.host.num_free)
+    with pytest.raises(RequestError):
+        s.admit("b", 8, HASHES, [], [])
+    assert not s.holds("b") and (s.device.num_free, s.host.num_free) == free
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    with pytest.raises(RequestError):  # (a host hit shorter than the indexer's)
+        s.admit("b", 24, HASHES, host[:2], indexer)
+    assert s.admit("b", 24, HASHES, host, indexer)
+    with pytest.raises(RequestError):  # (a request held already)
+        s.admit("b", 24, HASHES, host, indexer)
+
+
+def test_the_imports_invariants_name_a_restore_not_in_flight_and_an_import_of_a_request_gone() -> None:
+    imports = Imports()
+    imports.restores[3] = True
+    imports.pending["a"] = 8
+    imports.check_invariants([3], ["a"])
+    with pytest.raises(InvariantError, match=r"restores \[3\] not all in flight"):
+        imports.check_invariants([], ["a"])
+    with pytest.raises(InvariantError, match="imports pending for requests gone"):
+        imports.check_invariants([3], [])
+    imports.pending.clear()
+    imports.failed["b"] = 4
+    with pytest.raises(InvariantError, match="imports pending for requests gone"):
+        imports.check_invariants([3], ["a"])
