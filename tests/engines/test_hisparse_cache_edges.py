@@ -96,3 +96,62 @@ def test_the_imports_invariants_name_a_restore_not_in_flight_and_an_import_of_a_
     imports.failed["b"] = 4
     with pytest.raises(InvariantError, match="imports pending for requests gone"):
         imports.check_invariants([3], ["a"])
+
+
+def _copies(s: HiSparseCache) -> list[int]:
+    return [s.copies[h].block_id for h in HASHES[:4]]
+
+
+def test_the_last_request_to_publish_a_page_holds_its_copy_until_its_own_pages_go() -> None:
+    """Two requests compute the same 4 pages; each publishes them as its copies are
+    confirmed, the later one's copies indexed (vLLM's ``_record_copy`` replaces). A
+    further publication of the first (its fifth page) records that page's copy alone."""
+    s = _cache()
+    for key in ("a", "b"):
+        assert s.allocate(key, 16)
+    a_row, b_row = s.request("a")[2], s.request("b")[2]
+    for key in ("a", "b"):
+        s.cache(key, 16, HASHES)
+        s.advance(key, 16)
+        _confirm_all(s)
+        assert _copies(s) == (a_row if key == "a" else b_row)
+    assert s.allocate("a", 20)
+    s.cache("a", 20, HASHES)
+    s.advance("a", 20)
+    _confirm_all(s)
+    s.check_invariants()
+    assert _copies(s) == b_row and s.copies[HASHES[4]].block_id == s.request("a")[2][4]
+
+
+def test_a_hit_adopts_copies_at_its_first_step_only() -> None:
+    """A hit whose copies were lost before its first step reads its hit pages from host;
+    copies of those pages published later by another request are not adopted at its
+    later steps (vLLM adopts at the first step alone)."""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("b", 20, HASHES, host, indexer)
+    taken = s.device.take(s.device.num_free)  # (another user: the free copies are reused)
+    assert s.copies == {}
+    s.device.free(taken)
+    s.advance("b", 20)
+    assert s.request("b")[2][:4] == [0, 0, 0, 0]
+    assert s.allocate("c", 16)
+    s.cache("c", 16, HASHES)
+    s.advance("c", 16)
+    _confirm_all(s)
+    assert _copies(s) == s.request("c")[2][:4]
+    s.advance("b", 20)
+    s.check_invariants()
+    assert s.request("b")[2][:4] == [0, 0, 0, 0]
+
+
+def test_the_cache_checks_include_the_states() -> None:
+    """A device block taken behind the state's back is named by its checks (the pools'
+    counts, ``HiSparseState.check_invariants``), and passes when it is declared."""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    taken = s.device.take(1)
+    with pytest.raises(InvariantError):
+        s.check_invariants()
+    s.check_invariants(taken)
