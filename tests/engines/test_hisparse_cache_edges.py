@@ -155,3 +155,31 @@ def test_the_cache_checks_include_the_states() -> None:
     with pytest.raises(InvariantError):
         s.check_invariants()
     s.check_invariants(taken)
+
+
+def test_a_finished_request_whose_wish_is_published_holds_back_no_host_block() -> None:
+    """Its wish (2 pages) published, a request finished with the copies of pages 2 and 3
+    in flight keeps only their host blocks (orphans), none for a publication (vLLM's
+    ``free`` detaches only a pending publication); they come back when confirmed."""
+    s = _cache()
+    assert s.allocate("a", 16)
+    s.cache("a", 8, HASHES)
+    s.advance("a", 16)
+    sent = [tid for tid, _, _ in s.take_copies()]
+    assert sent == [0, 1, 2, 3]
+    assert s.report({0: 1, 1: 1}, {0: 1, 1: 1}) == [0, 1]
+    assert _published(s) == (2, 2)
+    s.free("a", finished=True)
+    s.check_invariants()
+    assert s.host.num_free == 29
+    assert s.report({2: 1, 3: 1}, {2: 1, 3: 1}) == [2, 3]
+    assert s.host.num_free == 31 and _published(s) == (2, 2)
+
+
+def test_the_cache_checks_name_a_copy_no_one_reads() -> None:
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    s.check_invariants()
+    s._copy_of.clear()  # (a copy whose block is no longer named its copy)
+    with pytest.raises(InvariantError, match="is neither read nor unpinned"):
+        s.check_invariants()
