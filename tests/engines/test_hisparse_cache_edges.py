@@ -105,7 +105,8 @@ def _copies(s: HiSparseCache) -> list[int]:
 def test_the_last_request_to_publish_a_page_holds_its_copy_until_its_own_pages_go() -> None:
     """Two requests compute the same 4 pages; each publishes them as its copies are
     confirmed, the later one's copies indexed (vLLM's ``_record_copy`` replaces). A
-    further publication of the first (its fifth page) records that page's copy alone."""
+    further publication of the first (its fifth page) records that page's copy alone; the
+    first freed and its blocks reused, the second's copies stay indexed."""
     s = _cache()
     for key in ("a", "b"):
         assert s.allocate(key, 16)
@@ -121,6 +122,10 @@ def test_the_last_request_to_publish_a_page_holds_its_copy_until_its_own_pages_g
     _confirm_all(s)
     s.check_invariants()
     assert _copies(s) == b_row and s.copies[HASHES[4]].block_id == s.request("a")[2][4]
+    s.free("a", finished=True)  # (its blocks reused: b's copies stay indexed, a's fifth goes)
+    taken = s.device.take(s.device.num_free)
+    assert _copies(s) == b_row and HASHES[4] not in s.copies
+    s.check_invariants(taken)
 
 
 def test_a_hit_adopts_copies_at_its_first_step_only() -> None:
@@ -183,3 +188,43 @@ def test_the_cache_checks_name_a_copy_no_one_reads() -> None:
     s._copy_of.clear()  # (a copy whose block is no longer named its copy)
     with pytest.raises(InvariantError, match="is neither read nor unpinned"):
         s.check_invariants()
+
+
+def test_an_adopted_copy_reused_by_another_user_is_read_from_host() -> None:
+    """A hit adopts the 4 copies (blocks 5-8) at its first step and, its row reading from
+    host, unpins pages 0-2 again; another user taking every free block reuses those
+    three: the row reads them from host (0), never a block another user writes."""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("b", 20, HASHES, host, indexer)
+    s.advance("b", 20)
+    assert s.request("b")[2] == [5, 6, 7, 8, 10]
+    taken = s.device.take(s.device.num_free)
+    assert {5, 6, 7} <= {b.block_id for b in taken}
+    assert s.request("b")[2] == [0, 0, 0, 8, 10]
+    assert s.take_residency("b") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, 10])
+    s.check_invariants(taken)
+
+
+def test_a_copy_adopted_after_the_workers_were_told_is_told_them() -> None:
+    """The workers told the hit's row (its hit pages read from host) before its first
+    step; the copies adopted then are told at the next ``take_residency``."""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("b", 20, HASHES, host, indexer)
+    assert s.take_residency("b") == ([0, 1, 2, 3, 4], [0, 0, 0, 0, 10])
+    s.advance("b", 20)
+    assert s.take_residency("b") == ([0, 1, 2, 3], [5, 6, 7, 8])
+
+
+def test_an_eviction_naming_a_block_out_of_range_is_refused_with_nothing_changed() -> None:
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    for pool in ("host", "device"):
+        with pytest.raises(RequestError):
+            s.evict([1, 32], pool)
+        assert _published(s) == (4, 4)
+    s.evict([1], "device")
+    assert _published(s) == (4, 0)
