@@ -325,3 +325,21 @@ def test_a_load_for_a_request_holding_blocks_or_computed_tokens_is_refused_with_
             c.get_host_block_pool().get_num_free_blocks()) == before
     assert "held" not in ours.state.imports.pending
     ours.state.check_invariants()
+
+
+@pytest.mark.parametrize("num_blocks", [7, 8])
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_a_waiting_loads_watermark_applies_only_beside_scheduled_requests(num_blocks: int,
+                                                                          scheduled: bool) -> None:
+    """A 40-token load with 8 new tokens (watermark 0.25: 1 or 2 blocks kept) fits 7 or 8
+    device blocks without the watermark, not with it: vLLM keeps it free only for a
+    waiting request while others are scheduled. Both managers alike, exact values."""
+    cfg = hisparse_config(num_blocks, 16)
+    managers = (vllm_manager(cfg, max_model_len=MAX_LEN, watermark=0.25),
+                KVCacheManager(cfg, max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS,
+                               enable_caching=False, watermark=0.25))
+    for m in managers:
+        get_hisparse_coordinator(m)  # (vLLM's: before the first admission)
+    got = [_ids(m.allocate_slots(make_request("r", list(range(64))), 8, num_external_computed_tokens=40,
+                                 has_scheduled_reqs=scheduled)) for m in managers]
+    assert got[1] == got[0] == (None if scheduled else ([], [], [], [5, 6]))
