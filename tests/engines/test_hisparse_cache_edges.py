@@ -228,3 +228,27 @@ def test_an_eviction_naming_a_block_out_of_range_is_refused_with_nothing_changed
         assert _published(s) == (4, 4)
     s.evict([1], "device")
     assert _published(s) == (4, 0)
+
+
+def test_a_hit_short_of_device_blocks_is_not_admitted_with_nothing_changed() -> None:
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    host, indexer = s.lookup(HASHES, 32)
+    need = s.need_hit(20, host, indexer)
+    taken = s.device.take(s.device.num_free - need + 1)
+    before = (s.device.free_order(), s.host.free_order())
+    assert not s.admit("b", 20, HASHES, host, indexer)
+    assert not s.holds("b") and (s.device.free_order(), s.host.free_order()) == before
+    s.device.free(taken[-1:])
+    assert s.admit("b", 20, HASHES, host, indexer)
+    s.check_invariants(taken[:-1])
+
+
+def test_the_cache_checks_name_a_request_block_holding_another_hash() -> None:
+    s = _cache()
+    assert s.allocate("a", 16)
+    s.cache("a", 16, HASHES)
+    s.check_invariants()
+    s._pubs["a"].hashes = HASHES[::-1]  # (the request's hashes, not its blocks')
+    with pytest.raises(InvariantError, match="'a''s indexer blocks hold other hashes"):
+        s.check_invariants()
