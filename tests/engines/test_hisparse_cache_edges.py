@@ -252,3 +252,46 @@ def test_the_cache_checks_name_a_request_block_holding_another_hash() -> None:
     s._pubs["a"].hashes = HASHES[::-1]  # (the request's hashes, not its blocks')
     with pytest.raises(InvariantError, match="'a''s indexer blocks hold other hashes"):
         s.check_invariants()
+
+
+def test_published_pages_evicted_for_another_request_are_found_no_more() -> None:
+    """A 6-block host pool: "a"'s 4 published pages (host blocks 1-4) freed, "c" takes 4
+    host blocks, 3 of them evicted from the published ones (blocks 4, 3, 2: the tail
+    first); the hit is page 0 alone, never a page whose host block "c" writes."""
+    s = HiSparseCache(32, 6, 1, BS, 8, 16)
+    assert s.allocate("a", 16)
+    s.cache("a", 16, HASHES)
+    s.advance("a", 16)
+    _confirm_all(s)
+    s.free("a", finished=True)
+    assert _published(s) == (4, 4)
+    assert s.allocate("c", 16)
+    assert s.request("c")[0] == [5, 4, 3, 2]
+    host, indexer = s.lookup(HASHES, 32)
+    assert [b.block_id for b in host] == [1] and len(indexer) == 1
+    s.check_invariants()
+
+
+def test_the_hash_index_names_several_blocks_per_hash_and_forgets_them() -> None:
+    from prefixkv.core.block import Block
+    from prefixkv.groups.hisparse.hash_index import HashIndex
+
+    index = HashIndex()
+    blocks = [Block(i) for i in range(4)]
+    for b in blocks:
+        b.refs = 1
+    index.record(blocks[1], b"h", 0)
+    index.record(blocks[2], b"h", 0)
+    index.record(blocks[3], b"k", 1)
+    assert index.find(b"h") is blocks[1] and len(index) == 2
+    assert [index.page_of(b) for b in blocks] == [None, 0, 0, 1]
+    assert index.check(blocks) is None
+    index.drop([blocks[0], blocks[1]])  # (a block holding no hash: nothing)
+    assert index.find(b"h") is blocks[2] and blocks[1].key is None and index.page_of(blocks[1]) is None
+    blocks[0].key = b"k"  # (a hash the index does not name it under)
+    assert index.check(blocks) == "block 0 holds b'k', the index names it None"
+    blocks[0].key = None
+    index.drop_one(blocks[2])
+    assert index.find(b"h") is None and len(index) == 1 and index._pages == {3: 1}
+    index.clear()
+    assert index.find(b"k") is None and len(index) == 0 and index._pages == {}
