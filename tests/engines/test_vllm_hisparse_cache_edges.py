@@ -66,3 +66,49 @@ def test_a_skipping_request_a_miss_and_a_hit_with_their_statistics(side: str) ->
                        (([1, 2, 3], [1, 2, 3], [], []), 48, 0, False)]
     stats = m.make_prefix_cache_stats()
     assert (stats.requests, stats.queries, stats.hits) == (2, 128, 48)
+
+
+@pytest.mark.parametrize(("fit", "reserved", "admitted"), [
+    (False, 0, True), (True, 0, False), (False, 5, True), (False, 6, False)])
+@pytest.mark.parametrize("side", ["vllm", "prefixkv"])
+def test_a_hit_short_of_device_blocks_is_not_admitted(side: str, fit: bool, reserved: int,
+                                                      admitted: bool) -> None:
+    """14 device blocks, 13 free after the publication: a 128-token request with a 64-token
+    hit and 16 new tokens takes 8 (its host page, indexer page, row page and a 2-block hot
+    region, and more past the hit); its whole sequence (``full_sequence_must_fit``) does
+    not fit, nor the step beside 6 ``reserved_blocks`` (5 leave it room). Nothing taken
+    when refused; both managers alike."""
+    cfg, kw = hisparse_config(14, 16), {"max_model_len": MAX_LEN, "enable_caching": True}
+    m = vllm_manager(cfg, **kw) if side == "vllm" else _plugin_manager(cfg, **kw)
+    _published(m)
+    probe = _request("probe", list(range(64)) + list(range(500, 500 + MAX_LEN - 64)), BS)
+    blocks, hit, _ = m.get_computed_blocks(probe)
+    assert hit == 64 and m.block_pool.get_num_free_blocks() == 13
+    got = m.allocate_slots(probe, 16, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                           full_sequence_must_fit=fit, reserved_blocks=reserved)
+    if admitted:
+        assert got.get_block_ids() == ([5], [9], [10], [11, 12]) and m.block_pool.get_num_free_blocks() == 5
+    else:
+        assert got is None and m.block_pool.get_num_free_blocks() == 13
+        assert m.get_block_ids("probe") == ([], [], [], [])
+
+
+def test_a_malformed_hit_or_one_for_a_request_with_computed_tokens_is_refused_with_nothing_changed() -> None:
+    from prefixkv.errors import RequestError
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    m = _plugin_manager(hisparse_config(32, 16), max_model_len=MAX_LEN, enable_caching=True)
+    _published(m)
+    probe = _request("probe", list(range(64)), BS)
+    blocks, hit, _ = m.get_computed_blocks(probe)
+    assert hit == 48
+    before = (m.block_pool.get_num_free_blocks(), m.get_block_ids("probe"))
+    with pytest.raises(RequestError, match="a hit of 40 tokens"):
+        m.allocate_slots(probe, 16, num_new_computed_tokens=40, new_computed_blocks=blocks)
+    with pytest.raises(RequestError, match="num_new_tokens"):
+        m.allocate_slots(probe, -1, num_new_computed_tokens=48, new_computed_blocks=blocks)
+    probe.num_computed_tokens = 16
+    with pytest.raises(UnsupportedByPrefixKV, match="a hit for a request holding blocks or computed tokens"):
+        m.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)
+    assert (m.block_pool.get_num_free_blocks(), m.get_block_ids("probe")) == before
+    m.state.check_invariants()
