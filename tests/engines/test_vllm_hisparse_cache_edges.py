@@ -112,3 +112,24 @@ def test_a_malformed_hit_or_one_for_a_request_with_computed_tokens_is_refused_wi
         m.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)
     assert (m.block_pool.get_num_free_blocks(), m.get_block_ids("probe")) == before
     m.state.check_invariants()
+
+
+@pytest.mark.parametrize("side", ["vllm", "prefixkv"])
+def test_a_host_hit_past_an_indexer_hit_of_no_page_is_allocated_afresh(side: str) -> None:
+    """The indexer's page 0 evicted, the 3 host pages still published: the lookup answers
+    the host blocks, 0 tokens and the host hit's end (48). vLLM's scheduler hands them to
+    ``allocate_slots`` with 0 computed tokens, which allocates afresh (host blocks 5-8).
+    prefixkv raised RequestError there before mutants-r29 (a hit of no page)."""
+    cfg, kw = hisparse_config(32, 16), {"max_model_len": MAX_LEN, "enable_caching": True}
+    m = vllm_manager(cfg, **kw) if side == "vllm" else _plugin_manager(cfg, **kw)
+    _published(m)
+    probe = _request("probe", list(range(64)), BS)
+    m.evict_blocks({m.get_computed_blocks(probe)[0].get_block_ids()[1][0]})
+    blocks, hit, boundary = m.get_computed_blocks(probe)
+    assert (blocks.get_block_ids(), hit, boundary) == (([1, 2, 3], [], [], []), 0, 48)
+    got = m.allocate_slots(probe, 64, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+    ids = m.get_block_ids("probe")
+    assert got.get_block_ids() == ids and ids[0] == [5, 6, 7, 8] and ids[3] == []
+    assert [len(g) for g in ids] == [4, 4, 4, 0] and m.block_pool.get_num_free_blocks() == 23
+    # (the device ids differ: vLLM's evict_blocks leaves block 1 where it was in the free
+    # order, prefixkv's reuses it first: [1, 9, 10, 11] against [9, 10, 11, 12])
