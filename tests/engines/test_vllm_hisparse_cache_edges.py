@@ -110,6 +110,8 @@ def test_a_malformed_hit_or_one_for_a_request_with_computed_tokens_is_refused_wi
     probe.num_computed_tokens = 16
     with pytest.raises(UnsupportedByPrefixKV, match="a hit for a request holding blocks or computed tokens"):
         m.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)
+    with pytest.raises(RequestError, match="num_computed_tokens"):
+        m.cache_blocks(probe, -1)
     assert (m.block_pool.get_num_free_blocks(), m.get_block_ids("probe")) == before
     m.state.check_invariants()
 
@@ -133,3 +135,21 @@ def test_a_host_hit_past_an_indexer_hit_of_no_page_is_allocated_afresh(side: str
     assert [len(g) for g in ids] == [4, 4, 4, 0] and m.block_pool.get_num_free_blocks() == 23
     # (the device ids differ: vLLM's evict_blocks leaves block 1 where it was in the free
     # order, prefixkv's reuses it first: [1, 9, 10, 11] against [9, 10, 11, 12])
+
+
+@pytest.mark.parametrize("side", ["vllm", "prefixkv"])
+def test_a_delayed_caching_wish_and_a_reset_counted_in_the_statistics(side: str) -> None:
+    """``delay_cache_blocks``: no indexer page is cached until ``cache_blocks`` (32
+    tokens: two pages); a request holding nothing is passed over; the reset is counted."""
+    cfg, kw = hisparse_config(32, 16), {"max_model_len": MAX_LEN, "enable_caching": True, "log_stats": True}
+    m = vllm_manager(cfg, **kw) if side == "vllm" else _plugin_manager(cfg, **kw)
+    get_hisparse_coordinator(m)
+    req = _request("r", list(range(64)), BS)
+    m.allocate_slots(req, 64, delay_cache_blocks=True)
+    assert [b.block_hash is not None for b in m.get_blocks("r").blocks[1]] == [False] * 4
+    m.cache_blocks(req, 32)
+    m.cache_blocks(_request("other", list(range(64)), BS), 32)
+    assert [b.block_hash is not None for b in m.get_blocks("r").blocks[1]] == [True, True, False, False]
+    req.status = RequestStatus.FINISHED_STOPPED
+    m.free(req)
+    assert m.reset_prefix_cache() and m.make_prefix_cache_stats().reset
