@@ -80,3 +80,25 @@ def test_a_prompt_whose_blocks_ahead_never_fit_is_too_long():
     with pytest.raises(PromptTooLongError):
         m.add_request("a", list(range(8)))
     assert m.add_request("b", list(range(4))) is not None  # (1 + 1 + 8 = 10)
+
+
+def test_the_blocks_ahead_count_in_the_full_sequence_fit():
+    # a 16-token prompt scheduled 4 tokens at a time must fit whole (require_full_fit):
+    # its blocks with the window's 2 ahead need 10 or 11 free blocks; 9 free (another
+    # request's 21 tokens held) refuse it, 11 (17 tokens held) admit it (mutants-r29)
+    for other, ids in ((21, None), (17, [[13, 14, 15], [16]])):
+        m = HybridKVCacheManager([sliding_window(2, ahead=2), full_attention()], 24, 4, enable_caching=False)
+        m.add_request("x", list(range(100, 100 + other)))
+        got = m.add_request("a", list(range(16)), num_new_tokens=4, require_full_fit=True)
+        assert (None if got is None else [list(t) for t in got.group_block_ids]) == ids
+        m.check_invariants()
+
+
+def test_a_prompt_whose_blocks_ahead_never_fit_is_too_long_at_two_sizes():
+    # 11 usable blocks: full attention at 4, the window at 8 with 8 ahead; 9 tokens take
+    # 3 + 2 + 8 = 13 (too long), 8 tokens 2 + 1 + 8 = 11 (all of them) (mutants-r29)
+    sizes = BlockSizes.of([4, 8], 4)
+    m = HybridKVCacheManager([full_attention(), sliding_window(2, ahead=8)], 12, sizes)
+    with pytest.raises(PromptTooLongError):
+        m.add_request("a", list(range(9)))
+    assert m.add_request("b", list(range(8))) is not None and m.num_free_blocks == 0

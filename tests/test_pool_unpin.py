@@ -176,7 +176,7 @@ def test_a_block_two_readers_hold_is_free_once_both_let_go_and_held_again_by_hol
     pool.hold(held[2])
     assert held[2].ref_cnt == 2 and pool.num_free == 0 and list(pool.unpinned) == [2]
     assert pool.check({0: 1, 1: 1, 2: 2, 3: 1}) is None
-    for b in (Block(1), Block(2), pool.blocks[0]):
+    for b in (Block(1), Block(2), Block(4), pool.blocks[0]):  # (Block(4): past the pool)
         if b is pool.blocks[0]:
             pool.release([b])  # (free, never unpinned)
         with pytest.raises(RequestError, match="hold"):

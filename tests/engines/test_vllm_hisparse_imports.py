@@ -301,3 +301,45 @@ def test_a_load_with_new_tokens_and_lookahead_answers_as_vllm(imported: int, new
     assert sent[1] == sent[0]
     resident = [c.all_context_pages_resident([("r", imported + new, 1)]) for c in coordinators]
     assert resident[1] == resident[0] == (imported <= BS)  # (no page but the tail is imported)
+
+
+def test_a_load_for_a_request_holding_blocks_or_computed_tokens_is_refused_with_nothing_changed() -> None:
+    """A load is a request's first allocation (its host pages start at page 0): one for a
+    request with computed tokens, or holding blocks already, is refused by name; nothing
+    changed (mutants-r29: no test reached the refusal)."""
+    ours = KVCacheManager(hisparse_config(16, 16), max_model_len=MAX_LEN, scheduler_block_size=BS,
+                          hash_block_size=BS, enable_caching=False)
+    c = get_hisparse_coordinator(ours)
+    late = make_request("late", list(range(3 * BS)))
+    late.num_computed_tokens = BS
+    with pytest.raises(UnsupportedByPrefixKV, match="external tokens for a request holding blocks"):
+        _load(ours, late, BS + 1)
+    assert not ours.state.holds("late") and ours.block_pool.get_num_free_blocks() == 15
+    held = make_request("held", list(range(3 * BS)))
+    assert _ids(ours.allocate_slots(held, BS)) == ([1], [1], [2], [])
+    before = (ours.get_block_ids("held"), ours.block_pool.get_num_free_blocks(),
+              c.get_host_block_pool().get_num_free_blocks())
+    with pytest.raises(UnsupportedByPrefixKV, match="external tokens for a request holding blocks"):
+        _load(ours, held, BS + 1)
+    assert (ours.get_block_ids("held"), ours.block_pool.get_num_free_blocks(),
+            c.get_host_block_pool().get_num_free_blocks()) == before
+    assert "held" not in ours.state.imports.pending
+    ours.state.check_invariants()
+
+
+@pytest.mark.parametrize("num_blocks", [7, 8])
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_a_waiting_loads_watermark_applies_only_beside_scheduled_requests(num_blocks: int,
+                                                                          scheduled: bool) -> None:
+    """A 40-token load with 8 new tokens (watermark 0.25: 1 or 2 blocks kept) fits 7 or 8
+    device blocks without the watermark, not with it: vLLM keeps it free only for a
+    waiting request while others are scheduled. Both managers alike, exact values."""
+    cfg = hisparse_config(num_blocks, 16)
+    managers = (vllm_manager(cfg, max_model_len=MAX_LEN, watermark=0.25),
+                KVCacheManager(cfg, max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS,
+                               enable_caching=False, watermark=0.25))
+    for m in managers:
+        get_hisparse_coordinator(m)  # (vLLM's: before the first admission)
+    got = [_ids(m.allocate_slots(make_request("r", list(range(64))), 8, num_external_computed_tokens=40,
+                                 has_scheduled_reqs=scheduled)) for m in managers]
+    assert got[1] == got[0] == (None if scheduled else ([], [], [], [5, 6]))

@@ -124,3 +124,15 @@ def test_the_same_interval_builds_nothing_and_a_new_build_keeps_the_schedulers_f
     assert m.core is not core and m.hands_off_events
     assert coordinator.retention_interval == m.coordinator.retention_interval == 64
     assert m.kv_cache_config.prefix_cache_retention_interval == 64
+
+
+def test_a_manager_built_with_positional_arguments_is_built_again_with_them():
+    # KVCacheManager(config, max_model_len, scheduler_block_size, hash_block_size): the
+    # new build keeps each argument but the config (mutants-r29: args[1:])
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    cfg = config(_spec(16, None), _spec(16, "mamba"), num_blocks=40)
+    m = KVCacheManager(cfg, 256, 16, 16)
+    m.coordinator.retention_interval = 0
+    assert (m.retention_interval, m.max_model_len, m.block_size) == (0, 256, 16)
+    assert m.kv_cache_config.prefix_cache_retention_interval == 0

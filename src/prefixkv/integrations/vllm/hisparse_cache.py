@@ -112,9 +112,12 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
                        ) -> KVCacheBlocks | None:
         """``HiSparseKVCacheManager.allocate_slots``, a hit admitted (``new_computed_blocks``
         with ``num_new_computed_tokens``), then the caching wish up to the tokens scheduled
-        unless ``delay_cache_blocks``."""
+        unless ``delay_cache_blocks``. Host blocks alone with no computed token (the
+        lookup's host hit past an indexer hit of no page) are allocated afresh, as vLLM."""
         a = _bind("allocate_slots", _SLOTS, args, kwargs)
         hit, k_tokens = a["new_computed_blocks"], a["num_new_computed_tokens"]
+        if not k_tokens and hit is not None and len(hit.blocks) == 4 and not any(hit.blocks[INDEXER:]):
+            a["new_computed_blocks"] = hit = None  # (a host hit past an indexer hit of none: afresh)
         if k_tokens or (hit is not None and any(hit.blocks)):
             got = self._admit_hit(request, num_new_tokens, a)
         else:
