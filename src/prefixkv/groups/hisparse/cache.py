@@ -25,8 +25,9 @@ from ...core.block import Block, blocks_for
 from ...core.pool import PoolIndex
 from ...errors import InvariantError, RequestError, check_count
 from .hash_index import HashIndex
+from .request import _Request
 from .row import CLEAN, HOST, IN_FLIGHT, UNPINNED
-from .state import HiSparseState, _Request
+from .state import HiSparseState
 
 __all__ = ["HiSparseCache"]
 

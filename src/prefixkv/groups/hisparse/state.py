@@ -24,31 +24,15 @@ from collections.abc import Hashable, Mapping, Sequence
 from ...core.block import Block, blocks_for
 from ...core.pool import BlockPool, PoolIndex
 from ...core.pool_unpin import UnpinPool
-from ...errors import InvariantError, RequestError, check_count
+from ...errors import RequestError, check_count
 from ...index import NoIndex
+from . import loads, state_check
 from .imports import Imports
-from .row import CLEAN, DIRTY, UNPINNED, ResidentRow
+from .request import _Request
+from .row import CLEAN, UNPINNED, ResidentRow
 from .spills import Spills
 
 __all__ = ["HiSparseState"]
-
-
-class _Request:
-    """One request's blocks: its host row, indexer pages, resident row (None: a page the
-    pool reused, read from host) and hot region; ``synced``: the row's pages the workers
-    were told of (``take_residency``), ``stale`` those of them lost since."""
-
-    __slots__ = ("host", "indexer", "blocks", "row", "hot", "hot_required", "synced", "stale")
-
-    def __init__(self) -> None:
-        self.host: list[Block] = []
-        self.indexer: list[Block] = []
-        self.blocks: list[Block | None] = []
-        self.row = ResidentRow()
-        self.hot: list[Block] = []
-        self.hot_required = False
-        self.synced = 0
-        self.stale: set[int] = set()
 
 
 class HiSparseState:
@@ -186,47 +170,14 @@ class HiSparseState:
         tokens (module doc of imports.py; ``full``: the request's length when all of it
         must fit, 0: it need not). Returns whether it fit. RequestError, nothing
         changed, for a request holding blocks or ``total`` short of ``imported``."""
-        if key in self._requests:
-            raise RequestError(f"HiSparse request {key!r} holds blocks: a load is its first allocation")
-        check_count("imported", imported, 1, None)
-        check_count("total", total, imported, None)
-        limit = self.device.num_free
-        if (full and self.need(key, full, imported=imported) > limit) or self.need(
-                key, total, imported=imported) > limit:
-            return False
-        r = self._requests[key] = _Request()
-        imported_pages, pages = blocks_for(imported, self.block_size), blocks_for(total, self.block_size)
-        r.host = self.host.take(imported_pages) + self.host.take(pages - imported_pages)
-        r.indexer = self.device.take(imported_pages)
-        r.blocks = [None] * (imported_pages - 1) + self.device.take(1)  # (the tail page, writable)
-        r.row.pad(imported_pages - 1)
-        r.row.grow(1)
-        r.indexer += self.device.take(pages - imported_pages)
-        r.blocks += self.device.take(pages - imported_pages)
-        r.row.grow(pages - imported_pages)
-        r.hot_required = True
-        r.hot = self.device.take(self.hot_blocks)
-        r.row.hold_hot()
-        self.imports.pending[key] = imported
-        return True
+        return loads.load(self, key, imported, total, full)
 
     def finish_import(self, key: Hashable, failed: bool) -> None:
         """``key``'s pending import ended (vLLM's ``finish_host_import``): done, its whole
         pages are valid and its tail page's restore is planned (its copy id among
         ``take_copies``', ``imports.restores``); failed, its pages stay unmarked
         (``imports.failed``, until freed). Nothing without a pending import."""
-        imported = self.imports.pending.pop(key, None)
-        if imported is None:
-            return
-        if failed:
-            self.imports.failed[key] = imported
-            return
-        r = self._requests[key]
-        tail = (imported - 1) // self.block_size
-        if r.row.state(tail) == DIRTY and r.blocks[tail] is not None:
-            r.row.restore(tail)
-            tid, = self.spills.plan(key, [tail], budgeted=False)
-            self.imports.restores[tid] = tail < imported // self.block_size
+        loads.finish_import(self, key, failed)
 
     def advance(self, key: Hashable, total: int) -> None:
         """``key``'s step to ``total`` tokens is scheduled: the sealed pages of its final
@@ -369,28 +320,4 @@ class HiSparseState:
     def check_invariants(self, others: Sequence[Block] = (), host_others: Sequence[Block] = ()) -> None:
         """Raise InvariantError when the pools, rows and copies disagree. ``others``,
         ``host_others``: the device and host blocks held outside these requests."""
-        refs: dict[int, int] = {self.nulls[0].block_id: 1}
-        for b in others:
-            refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        host_refs: dict[int, int] = {self.nulls[1].block_id: 1}
-        for b in [*self._held_host(), *host_others]:
-            host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
-        for r in self._requests.values():
-            r.row.check_invariants()
-            if not len(r.blocks) == len(r.row) == len(r.indexer) <= len(r.host):
-                raise InvariantError(f"rows of {len(r.host)}, {len(r.indexer)}, {len(r.blocks)} pages")
-            for b in (*r.indexer, *r.hot, *[b for p, b in enumerate(r.blocks) if b is not None
-                                             and r.row.state(p) != UNPINNED]):
-                refs[b.block_id] = refs.get(b.block_id, 0) + 1
-            for b in r.host:
-                host_refs[b.block_id] = host_refs.get(b.block_id, 0) + 1
-        for block, host in self._orphans.values():
-            refs[block.block_id] = refs.get(block.block_id, 0) + 1
-            host_refs[host.block_id] = host_refs.get(host.block_id, 0) + 1
-        self.spills.check_invariants()
-        self.imports.check_invariants(list(self.spills.flight), list(self._requests))
-        problem = self.device.check(refs) or self.host.check(host_refs)
-        if problem is None and not set(self._unpinned) <= set(self.device.unpinned):
-            problem = f"unpinned pages {sorted(self._unpinned)} not all unpinned in the pool"
-        if problem is not None:
-            raise InvariantError(problem)
+        state_check.check(self, others, host_others)
