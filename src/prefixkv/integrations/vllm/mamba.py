@@ -169,7 +169,7 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         after, p = m.core.num_scheduled_tokens(key), request.num_prompt_tokens
-        tail = max(p // h * h - h, 0) if m.use_eagle else (p - m._tail_gap) // h * h  # (partial.tail)
+        tail = m.core.sizes.replay_at(p, m._tail_gap)  # (the core's partial.tail: EAGLE's, lookahead's)
         pending = m.core.num_pending_copies(key)
         if moves or pending:  # (tails moved to a copy, or recorded: offloads.py)
             hand_tails(m, request, key, owned, after)
