@@ -43,7 +43,7 @@ from .vllm_split import vllm_mamba_chunk  # noqa: E402
 # (groups, hash block: None for their gcd); full attention larger than the hash block is
 # refused (its partial tail entries differ from vLLM's under lookahead: a hit of 2 where
 # vLLM's is 0 on "full4+mamba4, hash 2", L = P = 2, found by this test)
-LAYOUTS = {k: (g, None) for k, g in PARTIAL.items()}
+LAYOUTS = {k: (g, None) for k, g in PARTIAL.items()} | PARTIAL_FULL | TWO_FULL
 
 PAIRS = [(1, 0), (1, 1), (2, 2), (3, 3), (2, 0)]  # (L, P): vLLM sets L = P for MTP, 1 for EAGLE
 
@@ -124,7 +124,8 @@ def test_the_plugin_keys_mamba_states_with_their_lookahead_as_vllm(layout, looka
 
     def each(s: Sides) -> None:
         s.ms[1].core.check_invariants()
-        same_block_hashes(s)
+        if h is None or layout in TWO_FULL:  # (else every block reads None: test_vllm_fine_full.py)
+            same_block_hashes(s)
     sides.drive(ops, probe, each)
 
 

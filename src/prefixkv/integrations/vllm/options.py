@@ -65,7 +65,7 @@ def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
     under lookahead differ from vLLM's, not served; docs/lookahead.md.)"""
     s = layout.sizes
     return (not use_eagle and s.partial and s.hash_size >= 2 and all(
-        g.kind == "mamba" or g.kind == "full_attention" and b == s.hash_size
+        g.kind == "mamba" or g.kind == "full_attention"
         for g, b in zip(layout.groups, s.sizes, strict=True)))
 
 
