@@ -162,8 +162,6 @@ def test_a_state_at_the_prompts_boundary_is_found_only_with_its_lookahead_tokens
     (PARTIAL["full8+mamba16"], 8, {"use_eagle": True}, "use_eagle"),
     (((16, None), (16, "mamba")), 16, {}, "partial hits"),  # (a Mamba block of the hash block's size)
     (((16, None), (16, 32)), 16, {}, "lookahead hashing"),  # (a window)
-    (PARTIAL_FULL["full8+mamba16, hash 4"][0], 4, {}, "hash block's size"),  # (full attention of 8)
-    (TWO_FULL["full8+mamba32+full4, hash 4"][0], 4, {}, "hash block's size"),
 ])
 def test_what_lookahead_hashing_beside_mamba_refuses(groups, hash_size, kw, message):
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
