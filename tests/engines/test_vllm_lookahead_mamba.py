@@ -34,7 +34,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import _spec  # noqa: E402
-from .test_vllm_fine_full import TWO_FULL, same_block_hashes  # noqa: E402
+from .test_vllm_fine_full import TWO_FULL, same_block_hashes, same_hits_per_group  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
@@ -126,6 +126,9 @@ def test_the_plugin_keys_mamba_states_with_their_lookahead_as_vllm(layout, looka
         s.ms[1].core.check_invariants()
         if h is None or layout in TWO_FULL:  # (else every block reads None: test_vllm_fine_full.py)
             same_block_hashes(s)
+        for r in s.reqs[0].values():
+            same_hits_per_group(s, list(r.all_token_ids) + [0])
+        same_hits_per_group(s, probe)
     sides.drive(ops, probe, each)
 
 

@@ -11,10 +11,11 @@ the cap. With its fine-grained partial hits (the hits' unit is the hash block ``
     Mamba (b):           | null        | null        | h h ^ . |   the longest boundary (whole
                                                                   block end or partial entry)
 
-each within ``max_cache_hit_length`` and the hashes given. prefixkv asks the same
-questions of the same prefixes: the hashes name a prefix of a request its block hasher
-noted (block_hashes.py), whose probe answers, per hash boundary, the block of each group
-holding that prefix now (``HybridKVCacheManager.prefix_probe``: a whole block, a
+each within ``max_cache_hit_length`` and the hashes given; groups of one spec are looked
+up together (vLLM's attention groups: a prefix is found where each of them holds it).
+prefixkv asks the same questions of the same prefixes: the hashes name a prefix of a
+request its block hasher noted (block_hashes.py), whose probe answers, per hash
+boundary, the block of each group holding that prefix now (``HybridKVCacheManager.prefix_probe``: a whole block, a
 full-attention partial entry or a Mamba state), as vLLM's ``get_cached_block`` does.
 
 Served beside vLLM's fine-grained partial hits on full-attention and Mamba groups
@@ -48,6 +49,10 @@ class PerGroupHits:
         s = layout.sizes
         self._h, self._sizes = s.hash_size, s.sizes
         self._mamba = tuple(g.kind == MAMBA for g in layout.groups)
+        sets: dict[Any, list[int]] = {}
+        for g, spec in enumerate(layout.specs):
+            sets.setdefault(spec, []).append(g)
+        self._sets = tuple(tuple(ids) for ids in sets.values())
         self.unserved: str | None = None
         if not s.partial or manager.use_eagle or any(manager.eagle_groups) or any(
                 g.kind not in (FULL, MAMBA) or g.kind == MAMBA and b <= s.hash_size
@@ -66,7 +71,8 @@ class PerGroupHits:
             raise UnsupportedByPrefixKV(self.unserved)
         check_count("max_cache_hit_length", max_cache_hit_length, 0, None)
         if isinstance(block_hashes, (bytes, str)) or not all(isinstance(x, bytes) for x in block_hashes):
-            raise RequestError(f"block_hashes are a sequence of vLLM's BlockHash (bytes), got {block_hashes!r}")
+            raise RequestError(f"block_hashes are a sequence of vLLM's BlockHash (bytes), "
+                               f"got {block_hashes!r}")
         n = len(self._sizes)
         blocks: list[list[Any]] = [[] for _ in range(n)]
         hits = [0] * n
@@ -75,27 +81,37 @@ class PerGroupHits:
             return tuple(blocks), tuple(hits)
         held = self._held(block_hashes, k)
         null = self._manager.block_pool.null_block
-        for g, b in enumerate(self._sizes):
-            s = b // self._h
-            if self._mamba[g]:  # (the longest boundary holding a state)
-                i = next((i for i in range(k - 1, -1, -1) if held(i)[g] is not None), None)
+        for ids in self._sets:  # (groups of one spec: found together, as vLLM's attention groups)
+            s = self._sizes[ids[0]] // self._h
+
+            def found(i: int, ids: tuple[int, ...] = ids) -> list[Any] | None:
+                row = held(i)
+                return None if any(row[g] is None for g in ids) else [row[g] for g in ids]
+            got: list[list[Any]] = [[] for _ in ids]
+            hit = 0
+            if self._mamba[ids[0]]:  # (the longest boundary holding a state)
+                i = next((i for i in range(k - 1, -1, -1) if found(i) is not None), None)
                 if i is not None:
-                    blocks[g] = [null] * (i // s) + [held(i)[g]]
-                    hits[g] = (i + 1) * self._h
-                continue
-            for j in range(k // s):  # (phase 1: whole blocks)
-                x = held((j + 1) * s - 1)[g]
-                if x is None:
-                    break
-                blocks[g].append(x)
-            first = len(blocks[g]) * s
-            hits[g] = first * self._h
-            for i in range(min(first + s - 1, k) - 1, first - 1, -1):  # (phase 2: a partial entry)
-                x = held(i)[g]
-                if x is not None:
-                    blocks[g].append(x)
-                    hits[g] = (i + 1) * self._h
-                    break
+                    got = [[null] * (i // s) + [x] for x in found(i)]  # type: ignore[union-attr]
+                    hit = (i + 1) * self._h
+            else:
+                for j in range(k // s):  # (phase 1: whole blocks)
+                    xs = found((j + 1) * s - 1)
+                    if xs is None:
+                        break
+                    for row, x in zip(got, xs, strict=True):
+                        row.append(x)
+                first = len(got[0]) * s
+                hit = first * self._h
+                for i in range(min(first + s - 1, k) - 1, first - 1, -1):  # (phase 2: a partial entry)
+                    xs = found(i)
+                    if xs is not None:
+                        for row, x in zip(got, xs, strict=True):
+                            row.append(x)
+                        hit = (i + 1) * self._h
+                        break
+            for g, row in zip(ids, got, strict=True):
+                blocks[g], hits[g] = row, hit
         return tuple(blocks), tuple(hits)
 
     def _held(self, block_hashes: Sequence[bytes], k: int) -> Any:
