@@ -160,6 +160,37 @@ def test_a_state_at_the_prompts_boundary_is_found_only_with_its_lookahead_tokens
             assert m.get_computed_blocks(reader)[1] == want, (type(m).__module__, shared)
 
 
+def test_full_attentions_partial_entry_moves_up_as_tokens_after_the_prompt_become_known():
+    # full attention at 8 beside Mamba at 16 (hash 4), L = 2: a prompt of 13 tokens has
+    # (13 - 2) // 4 = 2 block hashes at first, so its last boundary before its last token
+    # that full attention can key is 8, a block end: no partial entry. Once a sampled
+    # token is known it has 3, and the entry at 12 = (13 - 1) // 4 * 4 goes into full
+    # attention's block 1 (vLLM's min((p - 1) // h, len(block_hashes)) * h). A reader of
+    # those 14 tokens: Mamba's state is at 8 (the chunk ended at (13 - 2) // 4 * 4), so
+    # the hit is 8 on both managers; full attention alone finds 12 (the junction, and
+    # find_longest_cache_hit_per_group), which it did not before the token was known
+    groups, tokens = PARTIAL_FULL["full8+mamba16, hash 4"][0], list(range(13))
+    got = []
+    for m in pair(groups, 4, 400, 2, 2):
+        r = lookahead_request(m, "a", tokens, 4, 2)
+        seen = []
+        for n in (8, 5, 1):
+            if n == 1:
+                r.append_output_token_ids([50])
+            assert m.allocate_slots(r, n) is not None
+            r.num_computed_tokens += n
+            m.new_step_starts()
+            reader = lookahead_request(m, f"b{n}", tokens + [50, 99, 98, 97], 4, 2)
+            blocks, hit, junction = m.get_computed_blocks(reader)
+            per_group = m.coordinator.find_longest_cache_hit_per_group(reader.block_hashes, 16)
+            seen.append((hit, junction, per_group[1], [[b.block_id for b in g] for g in per_group[0]]))
+        got.append(seen)
+    # (Mamba's state at 8 moves from block 2 to its copy 4 when the request's next chunk
+    # writes its block: groups/partial.py ``moved``)
+    assert got[0] == got[1] == [(8, 0, (8, 8), [[1], [2]]), (8, 0, (8, 8), [[1], [4]]),
+                                (8, 12, (12, 8), [[1, 3], [4]])], got
+
+
 @pytest.mark.parametrize(("groups", "hash_size", "kw", "message"), [
     (PARTIAL["full8+mamba16"], 8, {"enable_kv_cache_events": True}, "KV events"),
     (PARTIAL["full8+mamba16"], 8, {"use_eagle": True}, "use_eagle"),
