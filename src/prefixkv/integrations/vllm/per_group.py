@@ -15,8 +15,9 @@ each within ``max_cache_hit_length`` and the hashes given; groups of one spec ar
 up together (vLLM's attention groups: a prefix is found where each of them holds it).
 prefixkv asks the same questions of the same prefixes: the hashes name a prefix of a
 request its block hasher noted (block_hashes.py), whose probe answers, per hash
-boundary, the block of each group holding that prefix now (``HybridKVCacheManager.prefix_probe``: a whole block, a
-full-attention partial entry or a Mamba state), as vLLM's ``get_cached_block`` does.
+boundary, the block of each group holding that prefix now
+(``HybridKVCacheManager.prefix_probe``: a whole block, a full-attention partial entry
+or a Mamba state), as vLLM's ``get_cached_block`` does.
 
 Served beside vLLM's fine-grained partial hits on full-attention and Mamba groups
 (every Mamba block larger than the hash block), without EAGLE (its lookup margin and
