@@ -40,7 +40,7 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, RequestError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import checkpoints, lookahead, partial, partial_full, sized_admission, sized_release, sized_rewind
+from . import checkpoints, lookahead, partial, partial_full, sized_admission, sized_release, sized_rewind, spec_states
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -178,6 +178,7 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)
     fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows) + len(marks))
+    ahead = self._ahead
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
         ck = g in marks  # (then ``new[0]``, put at the entry before the step's end)
         k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows) + ck
@@ -186,7 +187,11 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
         if g in cows:
             partial.moved(self, req, g, new[0])
             new = new[1:]
-        if g in holes:
+        if spec.sparse and ahead is not None and ahead[g]:  # (its blocks ahead: spec_states.py)
+            assert g not in holes, "a step short of a sparse group's state entry beside blocks ahead"
+            spec_states.shift(table, m, ahead[g], new, ck)
+            ck = False  # (in its place already)
+        elif g in holes:
             table[blocks_for(total, self._group_sizes[g]) - 1] = new[-1]
         elif ck:
             table += [None] * (m - k + 1) + new[1:]  # type: ignore[operator]

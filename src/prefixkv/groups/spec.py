@@ -108,8 +108,9 @@ class GroupSpec:
             want = "None or an int >= 0" if keeps else "None"
             raise ConfigError(f"a {'cached ' * self.cached}{self.kind} group takes retention={want}, "
                               f"got {r!r}"[:200])
-        if type(self.ahead) is not int or self.ahead < 0 or (self.ahead and self.kind != SLIDING):
-            want = "an int >= 0" if self.kind == SLIDING else "0 (sliding windows only hold blocks ahead)"
+        holds = self.kind in (SLIDING, MAMBA)  # (those vLLM's num_speculative_blocks reaches)
+        if type(self.ahead) is not int or self.ahead < 0 or (self.ahead and not holds):
+            want = "an int >= 0" if holds else "0 (sliding windows and Mamba only hold blocks ahead)"
             raise ConfigError(f"a {self.kind} group takes ahead={want}, got {self.ahead!r}"[:200])
 
     @property
@@ -207,12 +208,14 @@ def chunked_local(chunk: int) -> GroupSpec:
     return GroupSpec(CHUNKED, chunk)
 
 
-def mamba(*, retention: int | None = None) -> GroupSpec:
+def mamba(*, retention: int | None = None, ahead: int = 0) -> GroupSpec:
     """A group of Mamba (state-space) layers whose states are cached at block
     boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring.
-    ``retention``: its sparse caching (``GroupSpec``). Raises ConfigError unless
-    retention is None or an int >= 0."""
-    return GroupSpec(MAMBA, retention=retention)
+    ``retention``: its sparse caching (``GroupSpec``); ``ahead``: the speculative state
+    blocks a request holds past its state's (vLLM's ``num_speculative_blocks`` there:
+    groups/spec_states.py). Raises ConfigError unless retention is None or an int >= 0
+    and ahead an int >= 0."""
+    return GroupSpec(MAMBA, retention=retention, ahead=ahead)
 
 
 def group_specs(groups: Sequence[GroupSpec]) -> tuple[GroupSpec, ...]:

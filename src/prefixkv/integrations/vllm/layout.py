@@ -130,11 +130,7 @@ def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"or 'none' only, got {spec.mamba_cache_mode!r}")
-    if spec.num_speculative_blocks:  # (vLLM relocates them each step there: _relocate_speculative_block)
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks in "
-                                    f"mamba_cache_mode='align' (got {spec.num_speculative_blocks}; 0 is "
-                                    f"offered there, any in 'none')")
-    return mamba()
+    return mamba(ahead=spec.num_speculative_blocks)
 
 
 def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
