@@ -24,7 +24,7 @@ from prefixkv.groups.checkpoints import position
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["inner", "prefill_end", "read_checkpoints", "reserved", "step_blocks"]
+__all__ = ["inner", "prefill_end", "read_checkpoints", "reserved", "running", "step_blocks"]
 
 
 def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool, one_size: bool = False) -> int | None:
@@ -71,6 +71,13 @@ def _taken(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[An
         if ck is not None and (ck[1] >= len(rows[g]) or rows[g][ck[1]] == null):
             got.append((g, *ck))
     return got
+
+
+def running(rows: Sequence[Sequence[Any]], ahead: Sequence[int]) -> list[Sequence[Any]]:
+    """A live request's ``rows`` (its tables, vLLM's ids) without each group's ``ahead``
+    blocks at their end (Mamba's speculative blocks): where a checkpoint lands on one,
+    vLLM's ``_needs_internal_checkpoint`` takes the entry as empty, as ``_taken`` must."""
+    return [row[:len(row) - a] for row, a in zip(rows, ahead, strict=True)]
 
 
 def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,
