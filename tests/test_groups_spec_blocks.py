@@ -14,11 +14,13 @@ def test_ahead_is_a_sliding_windows_count():
     for bad in (-1, True, 1.0, "2"):
         with pytest.raises(ConfigError, match="ahead=an int >= 0"):
             sliding_window(2, ahead=bad)
-    with pytest.raises(ConfigError, match="ahead=0 \\(sliding windows only hold blocks ahead\\)"):
+    with pytest.raises(ConfigError, match="ahead=0 \\(sliding windows and Mamba only hold blocks ahead\\)"):
         GroupSpec("full_attention", ahead=1)
     with pytest.raises(ConfigError, match="ahead=0"):
-        GroupSpec("mamba", ahead=2)
-    assert mamba().ahead == 0
+        GroupSpec("chunked_local_attention", 4, ahead=2)
+    assert mamba().ahead == 0 and mamba(ahead=2).ahead == 2 == GroupSpec("mamba", ahead=2).ahead
+    with pytest.raises(ConfigError, match="mamba group takes ahead=an int >= 0"):
+        mamba(ahead=-1)
 
 
 def test_a_window_first_keeps_its_blocks_ahead_as_tokens_come_one_by_one():
