@@ -20,13 +20,12 @@ from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
 from ..index.announce import Prepared
-from . import lookahead
+from . import lookahead, spec_states
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
-from . import spec_states
 from .spec_blocks import lengths
 
 if TYPE_CHECKING:

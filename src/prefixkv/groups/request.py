@@ -45,8 +45,8 @@ from ..core.lookahead import LookaheadKeys
 from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..hashing import token_bytes
-from .prefixes import Prefix
 from . import spec_states
+from .prefixes import Prefix
 from .sizes import BlockSizes
 from .spec import GroupSpec
 

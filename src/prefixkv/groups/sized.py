@@ -40,7 +40,16 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, RequestError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import checkpoints, lookahead, partial, partial_full, sized_admission, sized_release, sized_rewind, spec_states
+from . import (
+    checkpoints,
+    lookahead,
+    partial,
+    partial_full,
+    sized_admission,
+    sized_release,
+    sized_rewind,
+    spec_states,
+)
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager

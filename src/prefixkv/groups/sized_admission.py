@@ -17,14 +17,13 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_eagle, partial_full
+from . import checkpoints, partial, partial_eagle, partial_full, spec_states
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
 from .spec import FULL, SLIDING, GroupSpec
-from . import spec_states
 from .spec_blocks import lengths
 
 if TYPE_CHECKING:

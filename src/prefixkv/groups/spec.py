@@ -74,12 +74,14 @@ class GroupSpec:
     a request of a sliding window holds past the end of the positions its table
     covers, taken at admission and kept that many ahead as the table grows (vLLM's
     ``num_speculative_blocks`` of a Mamba group in ``mamba_cache_mode="none"``, served
-    as a 2-token window: the scratch states a speculative step writes; groups/spec_blocks.py).
+    as a 2-token window: the scratch states a speculative step writes; groups/spec_blocks.py),
+    or of a Mamba group past its state block (vLLM's ``num_speculative_blocks`` in
+    ``mamba_cache_mode="align"``: groups/spec_states.py).
     Raises ConfigError for an unknown kind, a size that does not fit the kind, a
     ``retained`` that is not an int >= 0 (0 unless sliding), a ``cached`` that is not
     a bool (True unless sliding), or a ``retention`` that is not None nor an int >= 0
     (None unless a cached sliding window or Mamba), or an ``ahead`` that is not an
-    int >= 0 (0 unless sliding)."""
+    int >= 0 (0 unless sliding or Mamba)."""
 
     kind: str
     tokens: int = 0

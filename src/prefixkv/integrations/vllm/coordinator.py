@@ -177,8 +177,9 @@ class CoordinatorView:
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
             if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                need += step_blocks(self._checkpoints, self._sparse, running(core.get_block_ids(key), self._ahead),
-                                    core.num_scheduled_tokens(key), covered, core.null_block_id,
+                rows = running(core.get_block_ids(key), self._ahead)  # (blocks ahead: empty entries)
+                need += step_blocks(self._checkpoints, self._sparse, rows, core.num_scheduled_tokens(key),
+                                    covered, core.null_block_id,
                                     prefill_end(self.retention_interval, request),
                                     self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
