@@ -172,7 +172,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new, fresh = fresh[:taken[g]], fresh[taken[g]:]
         self._index.own(g, new)
         row: list[Block | None] = list(new)
-        if self.groups[g].sparse and ahead is not None and ahead[g]:  # (and its blocks ahead)
+        if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
             row = spec_states.first_row(per_group[g], ahead[g], new, covered - 1 - end)
         elif self.groups[g].sparse:  # (None but where the step ends)
             row = [None] * per_group[g]

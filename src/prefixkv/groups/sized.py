@@ -196,7 +196,7 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
         if g in cows:
             partial.moved(self, req, g, new[0])
             new = new[1:]
-        if spec.sparse and ahead is not None and ahead[g]:  # (its blocks ahead: spec_states.py)
+        if ahead is not None and ahead[g] and spec.sparse:  # (its blocks ahead: spec_states.py)
             assert g not in holes, "a step short of a sparse group's state entry beside blocks ahead"
             spec_states.shift(table, m, ahead[g], new, ck)
             ck = False  # (in its place already)

@@ -197,7 +197,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
         copy = new.pop(0) if g in cows else None
-        if self.groups[g].sparse and ahead is not None and ahead[g]:  # (and its blocks ahead)
+        if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
             new = spec_states.first_row(m, ahead[g], new, covered[g] - 1 - ends[g])  # type: ignore[arg-type]
         elif self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
             row: list[Block | None] = [None] * m
