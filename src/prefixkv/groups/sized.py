@@ -279,6 +279,8 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
+    if self._ahead is not None:
+        spec_states.refuse_slots(self, covered - req.num_reserved if covered > req.num_reserved else 0)
     more, cows = _more(self, req, covered), _cows(self, req)
     if _fresh(self, more) + len(cows) > self._pool.num_free:
         return None

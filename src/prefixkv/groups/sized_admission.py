@@ -168,6 +168,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     taken = [int(v - m <= e) if s.sparse else m
              for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
     if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        spec_states.refuse_slots(self, num_lookahead_tokens)
         more, taken = lengths(more, ahead), lengths(taken, ahead)
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:

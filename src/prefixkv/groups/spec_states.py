@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .growth import Growth
@@ -76,6 +77,16 @@ def fresh(n: int, m: int, ahead: int, checkpoint: bool) -> int:
     bound = n - ahead + m - 1 - checkpoint
     moved = max(0, min(n, bound) - (n - ahead))
     return max(0, n + m - max(n, bound) - moved)
+
+
+def refuse_slots(self: HybridKVCacheManager, num_slots: int) -> None:
+    """Raises ConfigError for ``num_slots`` > 0 lookahead slots in a manager of groups of
+    different block sizes whose sparse group holds blocks ahead (not served: vLLM's
+    align mode leaves lookahead slots out of its Mamba group, and its plug-in refuses
+    them beside Mamba, integrations/vllm/mamba.py)."""
+    if num_slots and any(s.sparse and s.ahead for s in self.groups):
+        raise ConfigError(f"prefixkv does not offer lookahead slots (got {num_slots}) beside a Mamba group "
+                          f"holding blocks ahead (mamba(ahead=...)) with groups of different block sizes")
 
 
 def check(table: Sequence[Block | None], ahead: int) -> str | None:
