@@ -40,21 +40,13 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, RequestError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import (
-    checkpoints,
-    lookahead,
-    partial,
-    partial_full,
-    sized_admission,
-    sized_release,
-    sized_rewind,
-    spec_states,
-)
+from . import checkpoints, lookahead, partial, partial_full, sized_admission, sized_release, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .spec import FULL, MAMBA
+from .spec_states import refuse_slots, shift
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
@@ -198,7 +190,7 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
             new = new[1:]
         if ahead is not None and ahead[g] and spec.sparse:  # (its blocks ahead: spec_states.py)
             assert g not in holes, "a step short of a sparse group's state entry beside blocks ahead"
-            spec_states.shift(table, m, ahead[g], new, ck)
+            shift(table, m, ahead[g], new, ck)
             ck = False  # (in its place already)
         elif g in holes:
             table[blocks_for(total, self._group_sizes[g]) - 1] = new[-1]
@@ -280,7 +272,7 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
     if self._ahead is not None:
-        spec_states.refuse_slots(self, covered - req.num_reserved if covered > req.num_reserved else 0)
+        refuse_slots(self, covered - req.num_reserved if covered > req.num_reserved else 0)
     more, cows = _more(self, req, covered), _cows(self, req)
     if _fresh(self, more) + len(cows) > self._pool.num_free:
         return None
