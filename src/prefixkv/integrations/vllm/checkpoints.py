@@ -8,8 +8,8 @@ prefixkv's hybrid manager takes them (``BlockSizes.checkpoints``, groups/checkpo
 docs/groups.md "Chunk-end checkpoints") beside vLLM's fine-grained partial hits, with
 any ``prefix_cache_retention_interval`` (retention.py gives it to the Mamba groups: with
 0, vLLM's default, only a step reaching vLLM's ``prefill_end`` checkpoints,
-``prefill_end``) and no EAGLE nor speculative blocks (refused by
-``options.check_options`` and ``layout._mamba_group``).
+``prefill_end``), beside Mamba's speculative blocks (a checkpoint on a block ahead keeps
+it there: ``running``), and no EAGLE (refused by ``options.check_options``).
 """
 
 from __future__ import annotations
