@@ -140,7 +140,8 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     does not offer: a group spec other than full / sliding-window / chunked-local
     attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
     (none-mode Mamba with caching on: ConfigError as vLLM's assert, prefill-checkpoint
-    blocks where ``checkpoints.read_checkpoints`` refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    blocks where ``checkpoints.read_checkpoints`` refuses them, HiSparse, encoder-only
+    and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
     ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
     are not one (``_check_sizes``; with ``enable_caching`` off the hash block is the
