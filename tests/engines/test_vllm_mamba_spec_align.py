@@ -126,6 +126,8 @@ def test_a_long_chunk_moves_the_blocks_ahead_as_vllm():
     rows: list[list[Any]] = [[], []]
     for m, got in zip(sides.ms, rows, strict=True):
         r = _request("a", list(range(40)), 4)
+        # (a new request of 4 tokens: full attention's block, Mamba's state and 2 ahead)
+        assert m.coordinator.get_num_blocks_to_allocate("a", 4, ([], []), 0, 0, 0, 4) == 4
         for n in (4, 4, 32, 1, 1, 1, 1, 1):
             m.new_step_starts()
             if r.num_computed_tokens >= len(r.all_token_ids):
