@@ -30,13 +30,14 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from . import test_vllm_block_sizes_reference as reference  # noqa: E402
+from . import test_vllm_eagle_mamba as eagle  # noqa: E402
 from . import test_vllm_mamba_checkpoint_plugin as checkpoint_plugin  # noqa: E402
 from . import test_vllm_mamba_checkpoints as checkpoint_pair  # noqa: E402
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS, _request  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PROMPT  # noqa: E402
 
-_MODULES = (reference, checkpoint_plugin, checkpoint_pair)  # (those whose ``_spec`` builds the specs)
+_MODULES = (reference, checkpoint_plugin, checkpoint_pair, eagle)  # (those whose ``_spec`` builds the specs)
 
 
 @contextmanager
@@ -115,6 +116,20 @@ def test_speculative_blocks_beside_checkpoints_as_vllms_manager(layout, small, a
         blocks_ahead_sound(sides)
         if any(sides.ms[1].core._index.twins):
             return
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("layout", list(eagle.LAYOUTS))
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_speculative_blocks_beside_eagle_as_vllms_manager(layout, small, ahead, ops, probe):
+    # (vLLM's EAGLE, use_eagle, beside Mamba: its hits one block shorter, chunks cut as
+    # its scheduler cuts them; the blocks each hit hands hold its prefix: check_holds)
+    groups, h = eagle.LAYOUTS[layout]
+    with speculative(ahead):
+        sides = eagle.sides(groups, _usable(groups, small, ahead), None, hash_size=h)
+    sides.drive(ops, probe, lambda s: (eagle.check_holds(s, probe), blocks_ahead_sound(s)))
 
 
 def test_a_long_chunk_moves_the_blocks_ahead_as_vllm():
