@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_eagle, partial_full
+from . import checkpoints, partial, partial_eagle, partial_full, spec_states
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -162,13 +162,14 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     covered = [blocks_for(total + num_lookahead_tokens, b) for b in sizes]
     cuts = [min(c, v) for c, v in zip(cuts, covered, strict=True)]  # (a window's: none below its cut)
     more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
-    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
-        more = lengths(more, ahead)
     # a sparse group takes the block where this step ends only, if a new entry (its
     # lookahead slots get theirs when a step ends there)
     ends = [blocks_for(total, b) - 1 for b in sizes]
     taken = [int(v - m <= e) if s.sparse else m
              for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
+    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        spec_states.refuse_slots(self, num_lookahead_tokens)
+        more, taken = lengths(more, ahead), lengths(taken, ahead)
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
         taken[g] += 1  # (first of its new blocks: the copy on write)
@@ -197,7 +198,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
         copy = new.pop(0) if g in cows else None
-        if self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
+        if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
+            new = spec_states.first_row(m, ahead[g], new, covered[g] - 1 - ends[g])  # type: ignore[arg-type]
+        elif self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
             row: list[Block | None] = [None] * m
             if new:
                 row[ends[g] - (covered[g] - m)] = new[-1]

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
-from .checkpoints import prefill_end, reserved, step_blocks
+from .checkpoints import prefill_end, reserved, running, step_blocks
 from .layout import Layout
 from .per_group import PerGroupHits
 from .retention_setter import set_retention_interval
@@ -187,8 +187,9 @@ class CoordinatorView:
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
             if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                    core.num_scheduled_tokens(key), covered, core.null_block_id,
+                rows = running(core.get_block_ids(key), self._ahead)  # (blocks ahead: empty entries)
+                need += step_blocks(self._checkpoints, self._sparse, rows, core.num_scheduled_tokens(key),
+                                    covered, core.null_block_id,
                                     prefill_end(self.retention_interval, request),
                                     self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
@@ -214,4 +215,5 @@ class CoordinatorView:
                             num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0,
                             self._manager._tail_gap) \
             if self._checkpoints.checkpoints else 0
-        return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks
+        return sum(1 + a if sparse and n > a else n for n, sparse, a in zip(fresh, self._sparse, self._ahead,
+                                                                           strict=False)) + marks

@@ -228,4 +228,6 @@ def _eagle_alone(m: KVCacheManager, request: Request, prompt: Any, extra: Any, c
 
 def _before(m: KVCacheManager, key: int | None) -> Any:
     """The tables of the request ``key`` before its step (none for a new request)."""
-    return m.core.get_block_ids(key) if key is not None else ((),) * m.num_kv_cache_groups
+    if key is None:
+        return ((),) * m.num_kv_cache_groups
+    return checkpoints.running(m.core.get_block_ids(key), [s.ahead for s in m.core.groups])

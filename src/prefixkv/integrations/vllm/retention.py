@@ -32,7 +32,6 @@ from dataclasses import replace
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 
 from prefixkv.errors import ConfigError
-from prefixkv.groups import mamba
 from prefixkv.groups.spec import FULL, MAMBA, SLIDING
 
 from .layout import Layout, UnsupportedByPrefixKV
@@ -66,8 +65,8 @@ def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_blo
                           f"multiple of scheduler_block_size ({scheduler_block_size})")
     if _applies(layout, interval, use_eagle):
         return interval, replace(layout, groups=tuple(
-            replace(g, retention=interval) if g.kind == SLIDING else  # (blocks ahead kept: spec_blocks.py)
-            mamba(retention=interval) if g.kind == MAMBA else g for g in layout.groups))
+            replace(g, retention=interval) if g.kind in (SLIDING, MAMBA) else g  # (blocks ahead kept)
+            for g in layout.groups))
     if interval:
         raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
                                     f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
