@@ -31,7 +31,7 @@ from vllm.v1.request import Request
 
 from prefixkv.errors import RequestError, check_count
 
-from . import hits, queries
+from . import hits, queries, sessions
 from .block_hash_view import BlockHashView
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
@@ -168,6 +168,8 @@ class KVCacheManager(StepCalls):
         self._copies = CowCopies(self._blocks)  # partial hits' copies on write (step_calls.py)
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
+        if enable_kv_cache_events:  # (session_id on BlockStored: sessions.py)
+            sessions.install(self)
 
     # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
 
@@ -200,6 +202,7 @@ class KVCacheManager(StepCalls):
     get_computed_blocks = hits.get_computed_blocks
     get_computed_blocks_for_connector = hits.get_computed_blocks_for_connector
     truncate_computed_blocks = hits.truncate_computed_blocks
+    create_kv_cache_blocks = hits.create_kv_cache_blocks
 
     # ---- allocation ------------------------------------------------------------------------
 
