@@ -121,15 +121,30 @@ def _agree(ours: list[Any], theirs: list[Any], seen: set[Any], where: str) -> No
     assert i == len(ours), f"{where}: {ours[i:]} not announced by vLLM ({theirs})"
 
 
-def test_a_manager_without_events_runs_its_class_calls():
-    """sessions.install wraps the calls only with events on."""
+def test_the_calls_are_bracketed_only_once_a_session_shows_with_events_on():
+    """sessions.py: no wrapper without events, nor before a request of a session shows
+    (its lookup or its admission): the class's calls run, and no decode step pays."""
     from prefixkv.integrations.vllm import KVCacheManager
 
-    quiet, loud = (s.m for s in _managers(16, enable_kv_cache_events=False)), None
-    quiet = next(quiet)
-    loud = _managers(16)[0].m
+    quiet = _managers(16, enable_kv_cache_events=False)[0].m
+    assert _admit(quiet, _session_request("a", list(range(9)), "s"), 9)
     assert "allocate_slots" not in vars(quiet) and "cache_blocks" not in vars(quiet)
-    assert vars(loud)["allocate_slots"].__name__ == KVCacheManager.allocate_slots.__name__
+    for first in ("lookup", "admission"):
+        loud = _managers(16)[0].m
+        assert _admit(loud, _session_request("a", list(range(9)), None), 9)
+        assert "allocate_slots" not in vars(loud) and "cache_blocks" not in vars(loud)
+        b = _session_request("b", [*range(8), 40, 41, 42, 43, 44], "s")
+        if first == "lookup":
+            loud.get_computed_blocks(b)
+            assert vars(loud)["allocate_slots"].__name__ == KVCacheManager.allocate_slots.__name__
+            assert vars(loud)["cache_blocks"].__name__ == KVCacheManager.cache_blocks.__name__
+        else:
+            assert loud.allocate_slots(b, 13) is not None  # (no lookup: vLLM's own test's way)
+            assert "allocate_slots" in vars(loud) and "cache_blocks" in vars(loud)
+        assert _admit(loud, b, 13) if first == "lookup" else True
+        # (admitted without its hit, b computes the first two blocks again in blocks of
+        # its own: prefixkv announces a content once)
+        assert _stored(loud) == [((*range(4),), None), ((*range(4, 8),), None), ((40, 41, 42, 43), "s")]
 
 
 def test_events_handed_off_to_the_publisher_carry_the_sessions_too():

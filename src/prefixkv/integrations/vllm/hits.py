@@ -25,6 +25,7 @@ from prefixkv.core.prompt import Prompt
 from prefixkv.errors import RequestError
 from prefixkv.extra_keys import ExtraKeys
 
+from . import sessions
 from .layout import UnsupportedByPrefixKV
 from .mamba import junction
 from .requests import reads_cache
@@ -52,6 +53,8 @@ def get_computed_blocks(self: KVCacheManager, request: Request, max_cache_hit_le
     a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing.
     The hit is the longest every group serves within ``max_cache_hit_length``; with
     ``use_eagle``, less its last block (vLLM's EAGLE recomputes it)."""
+    if self._watch_sessions and getattr(request, "session_id", None) is not None:  # (the first of a session)
+        sessions.seen(self, request.session_id)
     blocks, n = lookup(self, request, max_cache_hit_length)
     return blocks, n, junction(self, request, n, max_cache_hit_length)
 

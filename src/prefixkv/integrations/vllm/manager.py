@@ -62,6 +62,7 @@ class KVCacheManager(StepCalls):
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
     _built_with: tuple[tuple[Any, ...], dict[str, Any]]  # (``__new__``'s arguments: retention_setter.py)
     _tail_gap = 1  # the tokens a prompt's last Mamba boundary leaves after it (lookahead.py: max(1, L))
+    _watch_sessions = False  # whether a request's session is looked for (sessions.watch)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a
@@ -168,8 +169,7 @@ class KVCacheManager(StepCalls):
         self._copies = CowCopies(self._blocks)  # partial hits' copies on write (step_calls.py)
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
-        if enable_kv_cache_events:  # (session_id on BlockStored: sessions.py)
-            sessions.install(self)
+        sessions.watch(self)  # (session_id on BlockStored: sessions.py)
 
     # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
 

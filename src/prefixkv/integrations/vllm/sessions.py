@@ -15,9 +15,14 @@ knows: they are read there and never published. A restatement after the log
 overflowed (``AllBlocksCleared`` and the findable blocks) names no session, as no call
 stored those blocks then.
 
-Installed only with ``enable_kv_cache_events``, on the manager object (``install``), so
-a manager without events runs its class's calls, untouched; with events, a request
-without a session pays one attribute read and one call frame.
+Installed on the manager object only, with ``enable_kv_cache_events``, and only once a
+request with a session shows (``watch``: its lookup, ``get_computed_blocks``, or its
+admission, ``allocate_slots`` of a request holding no blocks, calls ``seen``): until
+then every call runs the class's, untouched (no decode step pays); from then on, a
+request without a session pays one attribute read and one call frame. The call in which
+a session first shows is bracketed from its admission on (``seen`` returns the bracket
+to close): what a layout stores outside the admission in that one call (lookahead
+hashing's keys taken before it, for a request never looked up) is not the session's.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["SessionMark", "install"]
+__all__ = ["Bracket", "SessionMark", "admitting", "seen", "watch"]
 
 
 class SessionMark:
@@ -44,14 +49,54 @@ class SessionMark:
         return f"SessionMark({self.session_id!r})"
 
 
-def install(m: KVCacheManager) -> None:
-    """Make ``m.allocate_slots`` and ``m.cache_blocks`` bracket what a request with a
-    session records (the module docstring); the class's calls run inside."""
+def watch(m: KVCacheManager) -> None:
+    """Set ``m._watch_sessions``: whether ``seen`` should be called (events on, and the
+    calls not bracketed yet)."""
     log = getattr(m.core, "_events", None)
-    if log is None or not getattr(log, "active", False):
-        return
+    m._watch_sessions = bool(m.enable_kv_cache_events and getattr(log, "active", False))
+
+
+def seen(m: KVCacheManager, session: str) -> Bracket:
+    """A request of ``session`` shows: bracket ``m.allocate_slots`` and ``m.cache_blocks``
+    from now on (the module docstring); the bracket of the call under way, which its
+    caller closes (``Bracket.close``) after the admission it runs."""
+    m._watch_sessions = False
+    log = m.core._events
     m.allocate_slots = _bracketing(m.allocate_slots, log)  # type: ignore[method-assign]
     m.cache_blocks = _bracketing(m.cache_blocks, log)  # type: ignore[method-assign]
+    return Bracket(log, session)
+
+
+def admitting(admit: Callable[..., Any], m: KVCacheManager, request: Any, *args: Any) -> Any:
+    """``admit(m, request, *args)`` (slots.py) while ``m._watch_sessions``: bracketed, the
+    calls bracketed from now on (``seen``), when the request has a session."""
+    session = getattr(request, "session_id", None)
+    if session is None:
+        return admit(m, request, *args)
+    bracket = seen(m, session)
+    try:
+        return admit(m, request, *args)
+    finally:
+        bracket.close()
+
+
+class Bracket:
+    """What the log records from now until ``close()`` was stored for ``session``."""
+
+    __slots__ = ("_log", "_session", "_items", "_start", "_dropped")
+
+    def __init__(self, log: Any, session: str) -> None:
+        self._log, self._session = log, session
+        self._items, self._dropped = log._events, log.dropped
+        self._start = len(self._items)
+
+    def close(self) -> None:
+        """Mark what was recorded since, if anything (not after an overflow: the log's
+        restatement names no session)."""
+        items, start = self._items, self._start
+        if len(items) > start and self._log.dropped == self._dropped and items is self._log._events:
+            items.insert(start, SessionMark(self._session))
+            items.append(SessionMark(None))
 
 
 def _bracketing(call: Callable[..., Any], log: Any) -> Callable[..., Any]:
@@ -59,14 +104,11 @@ def _bracketing(call: Callable[..., Any], log: Any) -> Callable[..., Any]:
         session = getattr(request, "session_id", None)
         if session is None:
             return call(request, *args, **kwargs)
-        items, dropped = log._events, log.dropped
-        start = len(items)
-        out = call(request, *args, **kwargs)
-        # (an overflow inside the call dropped the log: its restatement names no session)
-        if len(items) > start and log.dropped == dropped:
-            items.insert(start, SessionMark(session))
-            items.append(SessionMark(None))
-        return out
+        bracket = Bracket(log, session)
+        try:
+            return call(request, *args, **kwargs)
+        finally:
+            bracket.close()
 
     bracketed.__name__ = bracketed.__qualname__ = getattr(call, "__name__", "call")
     bracketed.__doc__ = call.__doc__
