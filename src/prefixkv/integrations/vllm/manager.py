@@ -35,6 +35,7 @@ from . import hits, queries, sessions
 from .block_hash_view import BlockHashView
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
+from .free_count import Reservation
 from .growth import grow
 from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
@@ -153,13 +154,15 @@ class KVCacheManager(StepCalls):
         self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
                                     metrics_collector=metrics_collector,
                                     enable_kv_cache_events=enable_kv_cache_events)
+        reservation = Reservation(self)  # (a write of the free count: free_count.py)
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, self.hash_block_size, enable_caching,
                                         lambda b: free_popped(self, b), lambda ids: self.evict_blocks(ids),
-                                        lambda: self.core.num_free_blocks,
+                                        reservation.free,
                                         self._telemetry.built_events, lambda: self.core.free_block_order(),
                                         lookups_for(self.core, layout, self.prepared_prompts,
                                                     self._blocks.table, offset, events),
-                                        lambda: enable_kv_cache_events and self.core.has_pending_events)
+                                        lambda: enable_kv_cache_events and self.core.has_pending_events,
+                                        reservation.write)
         if isinstance(view := self._blocks.hashes, BlockHashView):  # (its live requests' blocks)
             view.rows_of = partial(queries.rows_of, self)
         self.coordinator = CoordinatorView(self, layout)
