@@ -133,4 +133,4 @@ def test_a_layout_whose_blocks_show_no_hash_is_refused():
 
     m = _managers(24, (full(BS), full(2 * BS)), scheduler_block_size=2 * BS)[0].m
     with pytest.raises(UnsupportedByPrefixKV, match="_cache: prefixkv's block objects show no hash here"):
-        m.block_pool.cached_block_hash_to_block._cache
+        len(m.block_pool.cached_block_hash_to_block._cache)
