@@ -23,18 +23,8 @@ torch = pytest.importorskip("torch")
 from .test_vllm_hybrid_reference import _window  # noqa: E402
 from .test_vllm_plugin import full  # noqa: E402
 from .test_vllm_reference import BS, _managers, _request  # noqa: E402
-
-
-def _admit(m: Any, rid: str, tokens: list[int], n: int | None = None) -> Any:
-    r = _request(rid, tokens, None)
-    if hasattr(m, "prepared_prompts"):  # (as the engine's input thread notes it: prepared.py)
-        m.prepared_prompts.note(r)
-    blocks, hit, _ = m.get_computed_blocks(r)
-    n = len(tokens) - hit if n is None else min(n, len(tokens) - hit)
-    if m.allocate_slots(r, n, hit, blocks) is None:
-        return None
-    r.num_computed_tokens = hit + n
-    return r
+from .vllm_steps import admit as _admit  # noqa: E402
+from .vllm_steps import random_step  # noqa: E402
 
 
 def _shape(m: Any) -> dict[bytes, int]:
@@ -70,32 +60,7 @@ def test_the_map_agrees_with_vllms_through_random_steps(seed, layout):
     live: dict[str, list[Any]] = {}
     sizes = set()
     for step in range(40):
-        op = rnd.random()
-        if live and op < 0.35:
-            rid = rnd.choice(sorted(live))
-            for m, r in zip(sides, live.pop(rid), strict=True):
-                m.free(r)
-        elif live and op < 0.55:
-            rid, n = rnd.choice(sorted(live)), rnd.choice([1, 3, 5])
-            for m, r in zip(sides, live[rid], strict=True):
-                if r.num_computed_tokens == r.num_tokens:  # (decoding: a sampled token)
-                    r.append_output_token_ids(60 + step)
-                k = min(n, r.num_tokens - r.num_computed_tokens)
-                if m.allocate_slots(r, k) is not None:
-                    r.num_computed_tokens += k
-                    m.cache_blocks(r, r.num_computed_tokens)
-        else:
-            rid = f"r{step}"
-            tokens = rnd.choice([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9]]) \
-                + [rnd.randrange(50) for _ in range(rnd.randrange(1, 11))]
-            chunk = rnd.choice([3, BS, 20])
-            made = [_admit(m, rid, tokens, chunk) for m in sides]
-            if made[0] is not None and made[1] is not None:
-                live[rid] = made
-            else:
-                for m, r in zip(sides, made, strict=True):
-                    if r is not None:
-                        m.free(r)
+        random_step(rnd, sides, live, step)
         # the same keys; under a key, no more blocks than vLLM's (a spare emptied at its
         # free holds nothing where vLLM keeps its copy cached: docs/groups.md)
         shapes = [_shape(m) for m in sides]

@@ -22,7 +22,9 @@ torch = pytest.importorskip("torch")
 
 from .test_vllm_hybrid_reference import _window  # noqa: E402
 from .test_vllm_plugin import full  # noqa: E402
-from .test_vllm_reference import BS, _managers, _request  # noqa: E402
+from .test_vllm_reference import BS, _managers  # noqa: E402
+from .vllm_steps import admit as _admit  # noqa: E402
+from .vllm_steps import random_step  # noqa: E402
 
 
 def _walk(m: Any) -> tuple[list[int], list[int]]:
@@ -40,16 +42,6 @@ def _walk(m: Any) -> tuple[list[int], list[int]]:
         backward.append(b.block_id)
         b = b.prev_free_block
     return forward, backward
-
-
-def _admit(m: Any, rid: str, tokens: list[int], n: int | None = None) -> Any:
-    r = _request(rid, tokens, None)
-    blocks, hit, _ = m.get_computed_blocks(r)
-    n = len(tokens) - hit if n is None else min(n, len(tokens) - hit)
-    if m.allocate_slots(r, n, hit, blocks) is None:
-        return None
-    r.num_computed_tokens = hit + n
-    return r
 
 
 def test_the_walks_of_a_scene_are_vllms():
@@ -115,31 +107,7 @@ def test_the_walks_follow_prefixkvs_free_order_through_random_steps(seed, layout
     sides = [s.m for s in _managers(24 if layout == "full" else 40, specs)]
     live: dict[str, list[Any]] = {}
     for step in range(40):
-        op = rnd.random()
-        if live and op < 0.35:
-            rid = rnd.choice(sorted(live))
-            for m, r in zip(sides, live.pop(rid), strict=True):
-                m.free(r)
-        elif live and op < 0.55:
-            rid, n = rnd.choice(sorted(live)), rnd.choice([1, 3, 5])
-            fits = []
-            for m, r in zip(sides, live[rid], strict=True):
-                if r.num_computed_tokens == r.num_tokens:  # (decoding: a sampled token)
-                    r.append_output_token_ids(60 + step)
-                k = min(n, r.num_tokens - r.num_computed_tokens)
-                fits.append(m.allocate_slots(r, k) is not None)
-                if fits[-1]:
-                    r.num_computed_tokens += k
-            assert fits[0] == fits[1], f"step {step}: {fits}"
-        else:
-            rid = f"r{step}"
-            tokens = rnd.choice([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9]]) \
-                + [rnd.randrange(50) for _ in range(rnd.randrange(1, 11))]
-            chunk = rnd.choice([3, BS, 20])
-            made = [_admit(m, rid, tokens, chunk) for m in sides]
-            assert (made[0] is None) == (made[1] is None), f"step {step}"
-            if made[0] is not None:
-                live[rid] = made
+        random_step(rnd, sides, live, step)
         walks = [_walk(m) for m in sides]
         assert len(walks[0][0]) == len(walks[1][0]), f"seed {seed}, step {step}"
         ours = sides[0]
