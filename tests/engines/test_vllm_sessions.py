@@ -163,3 +163,19 @@ def test_events_handed_off_to_the_publisher_carry_the_sessions_too():
     built = [e for e in m.take_events().build() if isinstance(e, BlockStored)]
     assert [(list(e.token_ids), e.session_id) for e in built] == [
         (list(range(12)), "s"), ([70, 71, 72, 73], None)]
+
+
+def test_a_manager_built_again_brackets_anew():
+    """A retention interval set on an empty manager builds it again (retention_setter.py):
+    the calls are the class's again until a session shows, then bracketed on the new log."""
+    m = _managers(16)[0].m
+    a = _session_request("a", list(range(9)), "s")
+    assert _admit(m, a, 9)
+    m.free(a)
+    assert m.reset_prefix_cache() and "allocate_slots" in vars(m)
+    _stored(m)
+    m.coordinator.retention_interval = 0
+    assert "allocate_slots" not in vars(m) and "cache_blocks" not in vars(m)
+    b = _session_request("b", list(range(9)), "t")
+    assert _admit(m, b, 9)
+    assert _stored(m) == [((0, 1, 2, 3), "t"), ((4, 5, 6, 7), "t")]

@@ -93,6 +93,8 @@ class KVCacheManager(StepCalls):
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
                  watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+        for call in ("allocate_slots", "cache_blocks"):  # (a rebuild, retention_setter.py: the class's
+            self.__dict__.pop(call, None)  # calls again, as sessions.py and free_count.py wrap them anew)
         layout, s = read_settings(kv_cache_config, scheduler_block_size=scheduler_block_size,
                                   hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
                                   pcp_world_size=pcp_world_size, use_eagle=use_eagle,
