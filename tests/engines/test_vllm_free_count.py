@@ -117,3 +117,66 @@ def test_writes_of_the_count_agree_with_vllms_through_random_steps(seed, layout)
         assert _counts(sides[0]) == _counts(sides[1]), f"seed {seed}, step {step}"
         sides[0].core.check_invariants()
     assert writes >= 3
+
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+
+class FreeCountMachine(RuleBasedStateMachine):
+    """Both managers (one full-attention group, 16 blocks) under admissions, growth,
+    frees and writes of the free count (at most what is free): every call fits on both
+    or on neither, the counts agree, and prefixkv's pool keeps its invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sides = [s.m for s in _managers(16)]
+        self.live: dict[str, list[Any]] = {}
+        self.n = 0
+
+    @rule(prefix=st.sampled_from([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], []]),
+          tail=st.lists(st.integers(0, 40), min_size=1, max_size=10), chunk=st.sampled_from([3, BS, 20]))
+    def admit(self, prefix: list[int], tail: list[int], chunk: int) -> None:
+        self.n += 1
+        rid = f"r{self.n}"
+        made = [_admit(m, rid, prefix + tail, chunk) for m in self.sides]
+        assert (made[0] is None) == (made[1] is None)
+        if made[0] is not None:
+            self.live[rid] = made
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), n=st.sampled_from([1, 3, 5]))
+    def grow(self, data: Any, n: int) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        fits = []
+        for m, r in zip(self.sides, self.live[rid], strict=True):
+            if r.num_computed_tokens == r.num_tokens:
+                r.append_output_token_ids(7)
+            k = min(n, r.num_tokens - r.num_computed_tokens)
+            fits.append(m.allocate_slots(r, k) is not None)
+            if fits[-1]:
+                r.num_computed_tokens += k
+        assert fits[0] == fits[1]
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: Any) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        for m, r in zip(self.sides, self.live.pop(rid), strict=True):
+            m.free(r)
+
+    @rule(data=st.data())
+    def write(self, data: Any) -> None:
+        n = data.draw(st.integers(0, self.sides[0].block_pool.get_num_free_blocks()))
+        for m in self.sides:
+            m.block_pool.free_block_queue.num_free_blocks = n
+
+    @invariant()
+    def counts_agree(self) -> None:
+        assert _counts(self.sides[0]) == _counts(self.sides[1])
+        self.sides[0].core.check_invariants()
+
+
+FreeCountMachine.TestCase.settings = settings(max_examples=25, deadline=None, stateful_step_count=30)
+test_free_count_machine = FreeCountMachine.TestCase
