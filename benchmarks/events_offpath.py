@@ -32,7 +32,7 @@ sys.path.insert(0, os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve(
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.bench.workloads import builtin  # noqa: E402
 from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
-from vllm_side import BS, vllm_manager, vllm_request  # noqa: E402
+from vllm_side import BS, vllm_manager, vllm_request, vllm_step  # noqa: E402
 
 THREAD, PROCESS = time.thread_time_ns, time.process_time_ns
 PARTS = ("step", "input", "free", "others", "all")
@@ -41,8 +41,6 @@ PARTS = ("step", "input", "free", "others", "all")
 def replay(side: str, requests: Any, pool: int, pub: Any) -> tuple[dict[str, float], list[int], float]:
     """µs a request of each part (module doc), each request's hit in tokens, and the
     events a step (vLLM's; 0 for prefixkv, whose batch is built on its thread)."""
-    from vllm.distributed.kv_events import KVEventBatch
-
     ours = side != "vLLM"
     m = (KVCacheManager(pool, BS, seed=0, enable_events=True, max_events=1 << 20) if ours
          else vllm_manager(True, pool))
@@ -60,13 +58,8 @@ def replay(side: str, requests: Any, pool: int, pub: Any) -> tuple[dict[str, flo
             hit = m.add_request(q.rid, x).num_cached_tokens
             pub.publish(m.take_pending_events())
         else:
-            blocks, hit, *_ = m.get_computed_blocks(x)
-            m.allocate_slots(x, len(q.prompt) - hit, num_new_computed_tokens=hit,
-                             new_computed_blocks=blocks)
-            taken = m.take_events()
-            if taken:
-                pub.publish(KVEventBatch(ts=time.time(), events=taken))
-            events += len(taken)
+            hit, taken = vllm_step(m, x, pub)
+            events += taken
         t2 = THREAD()
         m.free(q.rid if ours else x)
         got["input"] += t1 - t0
