@@ -122,6 +122,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     live: list[bool] = [False, False, False]
     loading = [0, 0, 0]  # (an external load pending, its pages unwritten: 1 asynchronous, 2 synchronous)
     seen: set[str] = set()
+    starts: dict[str, int] = {}  # (a load's request -> the hit's tokens it follows)
     taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
         if op == "admit" and not live[a]:
@@ -147,13 +148,15 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                     seen.add("shared")
         elif op == "load" and not live[a]:
             reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
-            loading[a] = _load(sides, written, reqs[a], n, f, seen)
+            loading[a] = _load(sides, written, reqs[a], n, f, seen, starts)
             live[a] = bool(loading[a])
             if loading[a] == 2:  # (a synchronous load ends within its step, before any lookup)
-                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen)
+                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen,
+                                  starts[reqs[a].request_id])
                 loading[a] = 0
         elif op == "finish" and loading[a]:
-            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen)
+            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen,
+                              starts[reqs[a].request_id])
             loading[a] = 0
         elif op in ("step", "decode") and live[a] and not loading[a]:
             req = reqs[a]
@@ -220,44 +223,43 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
     req.num_computed_tokens = total
 
 
-def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> int:
-    """A new request's external load of ``n`` tokens (its whole prompt at most) as its first
-    allocation, asynchronous (caching delayed) unless ``f`` >= 6, where the lookup finds no hit (a hit
-    beside a load: prefixkv refuses it by name, nothing changed); 0 unless admitted, 1
-    asynchronous, 2 synchronous."""
+def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], starts: dict[str, int]) -> int:
+    """A new request's external load of ``n`` tokens (to its whole prompt at most) as its
+    first allocation, past the hit the lookup finds (none, or a hit: the host hit kept up
+    to the load's pages), asynchronous (caching delayed) unless ``f`` >= 6; 0 unless
+    admitted, 1 asynchronous, 2 synchronous. ``starts``: request id -> its hit's tokens
+    (where the load's pages begin)."""
     from vllm.v1.request import RequestStatus
 
     hits = [m.get_computed_blocks(req) for m in sides]
     assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), ("load", n)
-    ext = min(n, req.num_tokens)
+    hit = hits[0][1]
+    ext = min(n, req.num_tokens - hit)
     args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
-    if hits[0][1]:
-        before = _free_counts(sides[1])
-        with pytest.raises(UnsupportedByPrefixKV, match="external"):
-            sides[1].allocate_slots(req, 0, num_new_computed_tokens=hits[1][1],
-                                    new_computed_blocks=hits[1][0], **args)
-        assert _free_counts(sides[1]) == before and not sides[1].state.holds(req.request_id)
-        seen.add("load after a hit refused")
-        return 0
-    got = [m.allocate_slots(req, 0, **args) for m in sides]
-    assert _ids(got[1]) == _ids(got[0]), ("load", ext)
+    got = [m.allocate_slots(req, 0, **args, **(dict(num_new_computed_tokens=hit, new_computed_blocks=h[0])
+                                               if hit else {})) for m, h in zip(sides, hits, strict=True)]
+    assert _ids(got[1]) == _ids(got[0]), ("load", hit, ext)
     if got[0] is None:
         return 0
-    for side, m in enumerate(sides):
-        written[side].handed_out(m.get_blocks(req.request_id))
-    req.num_computed_tokens = ext
+    kept = [{(g == 0, b.block_id) for g, bs in enumerate(h[0].blocks[:2]) for b in bs} for h in hits]
+    for side, m in enumerate(sides):  # (the hit's blocks keep their KV; the rest is handed out anew)
+        ids = m.get_block_ids(req.request_id)
+        written[side].handed_out(type("B", (), {"get_block_ids": lambda s, i=ids, k=kept[side]: tuple(
+            [b for b in group if (g == 0, b) not in k] for g, group in enumerate(i))})())
+    req.num_computed_tokens, starts[req.request_id] = hit + ext, hit
     req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-    seen.add("loaded" if f < 6 else "loaded synchronously")
+    seen.add(("loaded" if f < 6 else "loaded synchronously") + (" after a hit" if hit else ""))
     return 1 if f < 6 else 2
 
 
 def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, sync: bool,
-            seen: set[str]) -> bool:
+            seen: set[str], start: int) -> bool:
     """The connector ends ``req``'s load: failed (the scheduler frees it, no token
     valid; a synchronous load's blocks, cached at its allocation, evicted first as the
     scheduler's invalid blocks), or done (its whole pages written by the load, its tail page restored before
     the next forward, the caching wish up to the loaded tokens, then the last token of a
-    whole prompt computed again); whether the request still runs."""
+    whole prompt computed again); whether the request still runs. ``start``: the tokens of
+    the hit the load follows (its pages are not the load's)."""
     from vllm.v1.request import RequestStatus
 
     for c in coordinators:
@@ -265,23 +267,19 @@ def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, 
     if failed:
         for m in sides:
             if sync:
-                m.evict_blocks(set(m.get_block_ids(req.request_id)[1][:req.num_computed_tokens // BS]))
+                indexer = m.get_block_ids(req.request_id)[1]
+                m.evict_blocks(set(indexer[start // BS:req.num_computed_tokens // BS]))
             m.free(req)
         seen.add("load failed")
         return False
     ext = req.num_computed_tokens
     for side, m in enumerate(sides):
-        written[side].computed(m, req, 0, ext)
+        written[side].computed(m, req, start, ext)
         m.cache_blocks(req, ext)
     req.num_computed_tokens = min(ext, req.num_tokens - 1)
     req.status = RequestStatus.WAITING
-    seen.add("load done")
+    seen.add("load done after a hit" if start else "load done")
     return True
-
-
-def _free_counts(m: Any) -> tuple[int, int]:
-    host = get_hisparse_coordinator(m).get_host_block_pool()
-    return m.block_pool.get_num_free_blocks(), host.get_num_free_blocks()
 
 
 def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any, loading: list[str]) -> None:
@@ -374,10 +372,9 @@ def test_caching_on_gets_the_caching_class_and_a_mismatch_is_refused() -> None:
         HiSparseCachingKVCacheManager(hisparse_config(), enable_caching=False, **kw)
 
 
-def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_changed() -> None:
+def test_a_stale_hit_is_refused_with_nothing_changed() -> None:
     """A hit whose indexer block was evicted between the lookup and the allocation raises
-    RequestError (never a wrong KV); external tokens beside a hit, UnsupportedByPrefixKV
-    naming them; nothing changed either time."""
+    RequestError (never a wrong KV), nothing changed."""
     from prefixkv.errors import RequestError
 
     ours = _plugin_manager(hisparse_config(32, 16), enable_caching=True)
@@ -392,9 +389,6 @@ def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_ch
     blocks, hit, _ = ours.get_computed_blocks(probe)
     assert hit == 48
     before = (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks())
-    with pytest.raises(UnsupportedByPrefixKV, match="external"):
-        ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks,
-                            num_external_computed_tokens=16)
     ours.evict_blocks({blocks.get_block_ids()[1][2]})
     with pytest.raises(RequestError, match="no longer hold"):
         ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)

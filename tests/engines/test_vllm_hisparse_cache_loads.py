@@ -4,8 +4,8 @@ test_vllm_hisparse_cache.py's side-by-side streams against vLLM 0.33's own manag
 load as its first allocation (asynchronous, caching delayed; or synchronous, cached at
 once), ended done (its pages published, hit and adopted; its last page restored) or
 failed (the request freed; a synchronous load's blocks evicted first as the scheduler's
-invalid blocks), or freed mid-load; a load after a hit refused by name. Then a scenario
-with exact values, the same as vLLM's. Needs vllm installed."""
+invalid blocks), or freed mid-load; a load after a hit (the host hit kept to the load's
+pages). Then scenarios with exact values, the same as vLLM's. Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -107,3 +107,51 @@ def test_a_pending_load_with_new_tokens_publishes_nothing() -> None:
         get_hisparse_coordinator(m)  # (vLLM's manager needs its coordinator first)
         m.allocate_slots(_request("loaded", list(range(70)), BS), 16, num_external_computed_tokens=48)
         assert m.get_computed_blocks(_request("probe", list(range(64)), BS))[1] == 0, type(m).__name__
+
+
+def test_exact_values_of_an_external_load_after_a_hit() -> None:
+    """A request of 64 tokens published whole, its indexer's page 2 evicted, then freed;
+    another of the same tokens hits 32 tokens (the host hit 48) and loads 16 more: the
+    host hit kept to 3 pages (page 2 the hit's published block, not a new one), the
+    indexer's page 2 new, the row's page 2 a writable GPU page, the hot region taken; no
+    copy while the load is pending (pages 0 and 1 valid: the hit's), and nothing more
+    published; done, page 2 restored from host, valid, hit again and indexed as a copy
+    once confirmed. The same values as vLLM's manager (checked by running both)."""
+    cfg, tokens = hisparse_config(32, 16), list(range(64))
+    for side, m in enumerate((vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
+                              _plugin_manager(cfg, enable_caching=True))):
+        seam = get_hisparse_coordinator(m)
+        first = _request("first", tokens, BS)
+        m.allocate_slots(first, 64)
+        seam.advance_scheduled([("first", 64)])
+        sent = {t.transfer_id: 1 for t in seam.build_offload_command().page_transfers}
+        seam.update_spills(sent, sent)
+        m.evict_blocks({3})  # (the indexer's page 2, held: reused first once freed, both sides)
+        m.free(first)
+        probe = _request("probe", tokens, BS)
+        blocks, hit, boundary = m.get_computed_blocks(probe)
+        assert (blocks.get_block_ids(), hit, boundary) == (([1, 2, 3], [1, 2], [], []), 32, 48), side
+        got = m.allocate_slots(probe, 1, num_new_computed_tokens=32, new_computed_blocks=blocks,
+                               num_external_computed_tokens=16)
+        assert got.get_block_ids() == ([5], [10], [11], [12, 13]), side
+        assert m.get_block_ids("probe") == ([1, 2, 3, 5], [1, 2, 3, 10], [0, 0, 9, 11], [12, 13]), side
+        assert [b.ref_cnt for b in m.get_blocks("probe").blocks[0]] == [1, 1, 1, 1]
+        seam.advance_scheduled([("probe", 49)])
+        row = seam.resident_managers[0].get_residency_row("probe")
+        assert [b.block_id for b in row] == [5, 6, 9, 11], side  # (pages 0 and 1 adopted)
+        assert not seam.build_offload_command().page_transfers
+        state = seam.request_states["probe"]
+        assert (sorted(state.valid_pages), state.ready_prefix_pages) == ([0, 1], 2), side
+        assert m.get_computed_blocks(_request("p2", tokens, BS))[1:] == (48, 0)  # (first's, kept)
+        seam.finish_host_import("probe", failed=False)
+        sent = seam.build_offload_command().page_transfers
+        assert [(t.resident_block_ids, t.host_block_id, t.restore) for t in sent] == [((9,), 3, True)]
+        state = seam.request_states["probe"]
+        assert (sorted(state.valid_pages), state.ready_prefix_pages) == ([0, 1, 2], 3), side
+        m.cache_blocks(probe, 48)
+        blocks, hit, _ = m.get_computed_blocks(_request("p2", tokens, BS))
+        assert (blocks.get_block_ids(), hit) == (([1, 2, 3], [1, 2, 3], [], []), 48), side
+        seam.update_spills({sent[0].transfer_id: 1}, {sent[0].transfer_id: 1})
+        assert sorted(b[0].block_id for b in seam.copies.values()) == [5, 6, 8, 9], side  # (8: first's)
+        counts = m.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks()
+        assert counts == (23, 11), side
