@@ -109,7 +109,9 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     fit, 2: with 2 reserved blocks); ``decode`` one token after ``n`` output tokens;
     ``confirm`` the copies of mask ``a`` (two workers, one completing, when ``f``);
     ``free`` slot ``a``, finished when ``n`` else preempted; ``reset``; another user's
-    ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took."""
+    ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took;
+    ``evict`` the hash of slot ``a``'s indexer page ``n`` (its host page when ``f``),
+    held (a later hit stops there, the host hit may outlast it)."""
     from vllm.v1.request import RequestStatus
 
     kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "enable_caching": True,
@@ -131,6 +133,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), (op, a, f)
             blocks, hit, _ = hits[0]
             n = min(n, req.num_tokens - hit)
+            _counts(sides, req, hits, hit, 0, hit + n)
             args = [dict(num_new_computed_tokens=hit, new_computed_blocks=h[0]) if hit else {} for h in hits]
             got1 = sides[1].allocate_slots(req, n, **args[1])
             got0 = sides[0].allocate_slots(req, n, **args[0])
@@ -170,6 +173,12 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 _stepped(sides, coordinators, written, req, got[0], got[1], req.num_computed_tokens + n,
                          req.num_computed_tokens)
             seen.add("stepped" if got[0] is not None else "refused")
+        elif op == "evict" and live[a] and not loading[a]:  # (a held page's hash dropped: host when f)
+            ids = sides[0].get_block_ids(reqs[a].request_id)[0 if f else 1]
+            if ids:
+                for pool in _pools(sides, coordinators, f):
+                    pool.evict_blocks({ids[n % len(ids)]})
+                seen.add("host evicted" if f else "indexer evicted")
         elif op == "confirm":
             confirm(coordinators, a, f)
         elif op == "free" and live[a]:
@@ -208,6 +217,27 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     return seen
 
 
+def _counts(sides: Any, req: Any, hits: Any, hit: int, ext: int, tokens: int) -> None:
+    """Each side's read-only count of blocks for new request ``req`` with the hit ``hits``
+    (the host hit cut as allocate_slots cuts it) and ``ext`` external tokens, to cover
+    ``tokens`` tokens and the whole request (capped): the coordinator's and each group's."""
+    if not hit:
+        return
+    answers = []
+    for m, h in zip(sides, hits, strict=True):
+        cut = (h[0].blocks[0][:-(-(hit + ext) // BS)], *h[0].blocks[1:])
+        c, got = m.coordinator, []
+        for num, cap in ((tokens, False), (min(req.num_tokens, MAX_LEN), True)):
+            got.append(c.get_num_blocks_to_allocate(
+                request_id=req.request_id, num_tokens=num, new_computed_blocks=cut, num_encoder_tokens=0,
+                total_computed_tokens=hit + ext, num_local_computed_tokens=hit, num_tokens_main_model=num,
+                apply_admission_cap=cap))
+            got += [g.get_num_blocks_to_allocate(req.request_id, num, cut[i], hit + ext, hit, num, cap)
+                    for i, g in enumerate(c.single_type_managers)]
+        answers.append(got)
+    assert answers[1] == answers[0], (hit, ext, tokens)
+
+
 def _pools(sides: Any, coordinators: Any, host: int) -> list[Any]:
     """Each side's device pool, or host pool when ``host``."""
     return [c.get_host_block_pool() if host else m.block_pool
@@ -235,6 +265,7 @@ def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], st
     assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), ("load", n)
     hit = hits[0][1]
     ext = min(n, req.num_tokens - hit)
+    _counts(sides, req, hits, hit, ext, hit + ext)
     args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
     got = [m.allocate_slots(req, 0, **args, **(dict(num_new_computed_tokens=hit, new_computed_blocks=h[0])
                                                if hit else {})) for m, h in zip(sides, hits, strict=True)]
@@ -249,6 +280,8 @@ def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], st
     req.num_computed_tokens, starts[req.request_id] = hit + ext, hit
     req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
     seen.add(("loaded" if f < 6 else "loaded synchronously") + (" after a hit" if hit else ""))
+    if hit and min(len(hits[0][0].blocks[0]), -(-(hit + ext) // BS)) > hit // BS:
+        seen.add("loaded after a longer host hit")  # (host pages kept past the indexer's hit)
     return 1 if f < 6 else 2
 
 
@@ -294,6 +327,10 @@ def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any, loadi
                 written[side].check(m, req)
     copies = [{h: [b.block_id for b in bs] for h, bs in c.copies.items()} for c in coordinators]
     assert copies[1] == copies[0]
+    for req in reqs:  # (the pages each side counts valid on host, where prefixkv's view shows them)
+        states = [c.request_states.get(req.request_id) for c in coordinators]
+        assert [None if s is None else (s.valid_pages, s.ready_prefix_pages) for s in states[1:]] == \
+            [None if s is None else (s.valid_pages, s.ready_prefix_pages) for s in states[:1]], req.request_id
 
 
 def test_a_hit_adopts_the_copies_that_survive_as_vllm() -> None:

@@ -10,6 +10,7 @@ pages). Then scenarios with exact values, the same as vLLM's. Needs vllm install
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +30,8 @@ from .test_vllm_hisparse_manager import _plugin_manager  # noqa: E402
 
 _LOAD = st.tuples(st.just("load"), st.integers(0, 2), st.integers(1, 90), st.integers(0, 7))
 _FINISH = st.tuples(st.just("finish"), st.integers(0, 2), st.sampled_from([0, 0, 0, 1]), st.just(0))
-LOAD_OPS = st.lists(st.one_of(OP, _LOAD, _LOAD, _FINISH, _FINISH), min_size=12, max_size=50)
+_EVICT = st.tuples(st.just("evict"), st.integers(0, 2), st.integers(0, 7), st.sampled_from([0, 0, 1]))
+LOAD_OPS = st.lists(st.one_of(OP, _LOAD, _LOAD, _FINISH, _FINISH, _EVICT), min_size=12, max_size=50)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,9 +46,15 @@ def test_random_streams_with_external_loads_answer_as_vllm(
     side_by_side(num_blocks, host_blocks, in_flight, reprefill, ops)
 
 
-def seeded_ops(seed: int) -> tuple[tuple[int, int, int, int], list[tuple[str, int, int, int]]]:
+MIX = "aaaacccfffsdlllnnrtge"  # (one letter an op, as often as it appears)
+AFTER_HITS = "aacccccffflllllnnneee"  # (loads after hits whose indexer pages were evicted)
+
+
+def seeded_ops(seed: int, mix: str = MIX
+               ) -> tuple[tuple[int, int, int, int], list[tuple[str, int, int, int]]]:
     """A stream's shape and ops from ``seed``: admissions, loads and their ends weighed up
-    (a hit on loaded pages needs a load done, a confirmation and an admission)."""
+    (a hit on loaded pages needs a load done, a confirmation and an admission), or as
+    ``mix`` weighs them."""
     r = random.Random(seed)
     shape = (r.randint(12, 40), r.randint(8, 32), r.choice([32, 64, MAX_LEN]), r.choice([0, 0, 2]))
     ops = {"a": lambda: ("admit", r.randint(0, 2), r.randint(1, 80), r.randint(0, 7)),
@@ -58,13 +66,22 @@ def seeded_ops(seed: int) -> tuple[tuple[int, int, int, int], list[tuple[str, in
            "n": lambda: ("finish", r.randint(0, 2), r.choice([0, 0, 0, 1]), 0),
            "r": lambda: ("reset", 0, 0, 0),
            "t": lambda: ("take", r.randint(1, 8), 0, r.randint(0, 1)),
-           "g": lambda: ("give_back", 0, 0, 0)}
-    return shape, [ops[r.choice("aaaacccfffsdlllnnrtg")]() for _ in range(r.randint(12, 60))]
+           "g": lambda: ("give_back", 0, 0, 0),
+           "e": lambda: ("evict", r.randint(0, 2), r.randint(0, 7), r.choice([0, 0, 1]))}
+    return shape, [ops[r.choice(mix)]() for _ in range(r.randint(12, 60))]
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_seeded_streams_with_external_loads_answer_as_vllm(seed: int) -> None:
     shape, ops = seeded_ops(seed)
+    side_by_side(*shape, ops)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_seeded_streams_of_loads_after_hits_answer_as_vllm(seed: int) -> None:
+    """Streams weighed toward loads after hits whose indexer pages were evicted (the host
+    hit kept past the indexer's)."""
+    shape, ops = seeded_ops(seed, AFTER_HITS)
     side_by_side(*shape, ops)
 
 
@@ -109,6 +126,21 @@ def test_a_pending_load_with_new_tokens_publishes_nothing() -> None:
         assert m.get_computed_blocks(_request("probe", list(range(64)), BS))[1] == 0, type(m).__name__
 
 
+def _published_and_freed(m: Any, tokens: list[int], evicted: int) -> Any:
+    """Request "first" of ``tokens`` computed whole, its copies confirmed (published), the
+    hash of its device block ``evicted`` dropped while held (so the block is reused first
+    once freed, on both sides), then freed; ``m``'s coordinator."""
+    seam = get_hisparse_coordinator(m)
+    first = _request("first", tokens, BS)
+    m.allocate_slots(first, len(tokens))
+    seam.advance_scheduled([("first", len(tokens))])
+    sent = {t.transfer_id: 1 for t in seam.build_offload_command().page_transfers}
+    seam.update_spills(sent, sent)
+    m.evict_blocks({evicted})
+    m.free(first)
+    return seam
+
+
 def test_exact_values_of_an_external_load_after_a_hit() -> None:
     """A request of 64 tokens published whole, its indexer's page 2 evicted, then freed;
     another of the same tokens hits 32 tokens (the host hit 48) and loads 16 more: the
@@ -120,14 +152,7 @@ def test_exact_values_of_an_external_load_after_a_hit() -> None:
     cfg, tokens = hisparse_config(32, 16), list(range(64))
     for side, m in enumerate((vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
                               _plugin_manager(cfg, enable_caching=True))):
-        seam = get_hisparse_coordinator(m)
-        first = _request("first", tokens, BS)
-        m.allocate_slots(first, 64)
-        seam.advance_scheduled([("first", 64)])
-        sent = {t.transfer_id: 1 for t in seam.build_offload_command().page_transfers}
-        seam.update_spills(sent, sent)
-        m.evict_blocks({3})  # (the indexer's page 2, held: reused first once freed, both sides)
-        m.free(first)
+        seam = _published_and_freed(m, tokens, 3)  # (the indexer's page 2)
         probe = _request("probe", tokens, BS)
         blocks, hit, boundary = m.get_computed_blocks(probe)
         assert (blocks.get_block_ids(), hit, boundary) == (([1, 2, 3], [1, 2], [], []), 32, 48), side
@@ -155,3 +180,27 @@ def test_exact_values_of_an_external_load_after_a_hit() -> None:
         assert sorted(b[0].block_id for b in seam.copies.values()) == [5, 6, 8, 9], side  # (8: first's)
         counts = m.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks()
         assert counts == (23, 11), side
+
+
+@pytest.mark.parametrize("spare", range(-2, 3))
+def test_a_load_after_a_short_hit_is_counted_as_vllm(spare: int) -> None:
+    """A hit of one indexer page (page 1 evicted) and a load of 32 tokens more, 16 new
+    tokens: vLLM counts the row as an import's (its tail page and the pages past the
+    import: 2, not the 3 past the hit), the hit's free indexer block and the hot region.
+    With the device pool left ``spare`` blocks off that count (another user holding the
+    rest), both managers admit it or refuse it alike, with the same blocks."""
+    cfg, tokens = hisparse_config(24, 16), list(range(64))
+    answers = []
+    for m in (vllm_manager(cfg, max_model_len=MAX_LEN, enable_caching=True),
+              _plugin_manager(cfg, enable_caching=True)):
+        _published_and_freed(m, tokens, 2)  # (the indexer's page 1)
+        probe = _request("probe", tokens, BS)
+        blocks, hit, boundary = m.get_computed_blocks(probe)
+        assert (hit, boundary) == (16, 48)
+        need = 3 + 1 + 2 + 2  # (indexer pages 1-3, its free hit block, row: tail and page 3, hot region)
+        m.block_pool.get_new_blocks(m.block_pool.get_num_free_blocks() - need - spare)
+        got = m.allocate_slots(probe, 16, num_new_computed_tokens=16, new_computed_blocks=blocks,
+                               num_external_computed_tokens=32)
+        answers.append(None if got is None else (got.get_block_ids(), m.get_block_ids("probe")))
+    assert answers[1] == answers[0]
+    assert (answers[0] is not None) == (spare >= 0)

@@ -158,6 +158,7 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
         assert got, "HiSparse blocks short after the pools were checked"
         ids = state.request(rid)[:4]
         self._rows[rid] = list(ids[RESIDENT])
+        self.seam.admitted(rid)
         past = blocks_for(imported, bs) if imported else len(indexer)  # (vLLM's: the new pages)
         return self._objects((ids[HOST][past:], ids[INDEXER][past:], ids[RESIDENT][past:], ids[3]))
 

@@ -157,6 +157,15 @@ class _GroupView(GroupView):
         m = self._hisparse
         return m.host_pool if self.kv_cache_group_id == HOST else m.block_pool
 
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   total_computed_tokens: int, num_local_computed_tokens: int,
+                                   num_tokens_main_model: int, apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        """vLLM's count of this group for the request (hisparse_counts.py; read-only)."""
+        from .hisparse_counts import group_need
+        return group_need(self._hisparse, self.kv_cache_group_id, request_id, num_tokens, new_computed_blocks,
+                          total_computed_tokens, num_local_computed_tokens, apply_admission_cap)
+
     @property
     def req_to_blocks(self) -> dict[str, list[Any]]:
         """Each live request's blocks in this group, a snapshot (``GroupView``'s rows follow
@@ -241,12 +250,15 @@ class CoordinatorView:
         """vLLM's count for the request (new or not) to cover ``num_tokens`` tokens
         (``HiSparseState.need``; the row capped at the admission window with
         ``apply_admission_cap``; when ``total_computed_tokens`` include external ones,
-        an import's: ``HiSparseState.need``). UnsupportedByPrefixKV for hits, encoder
-        tokens, and a new request with computed tokens (a host prefix)."""
+        an import's: ``HiSparseState.need``; with hit blocks or a new request's computed
+        tokens, hisparse_counts.py's, read-only). UnsupportedByPrefixKV for encoder tokens."""
         state = self._manager.state
-        if any(new_computed_blocks) or num_encoder_tokens \
-                or (num_local_computed_tokens and not state.holds(request_id)):
-            refused("hits, host prefixes or encoder tokens")
+        if num_encoder_tokens:
+            refused("encoder tokens")
+        if any(new_computed_blocks) or (num_local_computed_tokens and not state.holds(request_id)):
+            from .hisparse_counts import need
+            return need(self._manager, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                        num_local_computed_tokens, apply_admission_cap)
         if total_computed_tokens > num_local_computed_tokens:
             return state.need(request_id, num_tokens, imported=total_computed_tokens)
         return state.need(request_id, num_tokens, cap=apply_admission_cap)
