@@ -256,7 +256,8 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
 def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], starts: dict[str, int]) -> int:
     """A new request's external load of ``n`` tokens (to its whole prompt at most) as its
     first allocation, past the hit the lookup finds (none, or a hit: the host hit kept up
-    to the load's pages), asynchronous (caching delayed) unless ``f`` >= 6; 0 unless
+    to the load's pages), asynchronous (caching delayed) unless ``f`` >= 6, under the
+    full-sequence gate when ``n % 3 == 0`` and with 2 reserved blocks when ``n % 4 == 0``; 0 unless
     admitted, 1 asynchronous, 2 synchronous. ``starts``: request id -> its hit's tokens
     (where the load's pages begin)."""
     from vllm.v1.request import RequestStatus
@@ -266,11 +267,13 @@ def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], st
     hit = hits[0][1]
     ext = min(n, req.num_tokens - hit)
     _counts(sides, req, hits, hit, ext, hit + ext)
-    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
+    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6,  # (else synchronous)
+                full_sequence_must_fit=n % 3 == 0, reserved_blocks=2 if n % 4 == 0 else 0)
     got = [m.allocate_slots(req, 0, **args, **(dict(num_new_computed_tokens=hit, new_computed_blocks=h[0])
                                                if hit else {})) for m, h in zip(sides, hits, strict=True)]
     assert _ids(got[1]) == _ids(got[0]), ("load", hit, ext)
     if got[0] is None:
+        seen.add("load refused")
         return 0
     kept = [{(g == 0, b.block_id) for g, bs in enumerate(h[0].blocks[:2]) for b in bs} for h in hits]
     for side, m in enumerate(sides):  # (the hit's blocks keep their KV; the rest is handed out anew)

@@ -64,15 +64,28 @@ class _PoolView:
         self.taken.update((b.block_id, b) for b in got)
         return [self.blocks[b.block_id] for b in got]
 
+    other: _PoolView | None = None  # (the host pool's view, beside the device pool's)
+
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
-        RequestError, nothing changed, for any other block."""
-        given = list(blocks)
-        ids = [b.block_id for b in given]
-        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
-                                            for i, b in zip(ids, given, strict=True)):
-            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
-        self._pool().free([self.taken.pop(i) for i in ids])
+        """Give back blocks ``get_new_blocks`` (or ``pop_blocks_for_free``) handed out, in
+        the order given; the other pool's among them (the host pool's, beside the device
+        pool's) go back there after this pool's, as vLLM's. Raises RequestError, nothing
+        changed, for any other block."""
+        given, other = list(blocks), self.other
+        theirs = [b for b in given if other is not None and b.block_id < len(other.blocks)
+                  and other.blocks[b.block_id] is b]
+        other_ids = {id(b) for b in theirs}
+        mine = [b for b in given if id(b) not in other_ids]
+        for view, group in ((self, mine), (other, theirs)):
+            ids = [b.block_id for b in group]
+            if view is not None and (len(set(ids)) != len(ids) or any(
+                    view.taken.get(i) is None or view.blocks[i] is not b
+                    for i, b in zip(ids, group, strict=True))):
+                raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are "
+                                   "given twice)")
+        self._pool().free([self.taken.pop(b.block_id) for b in mine])
+        if other is not None and theirs:
+            other._pool().free([other.taken.pop(b.block_id) for b in theirs])
 
     def _free(self) -> int:
         raise NotImplementedError
