@@ -48,7 +48,8 @@ OP = st.one_of(  # (admissions, confirmations and frees weighed up: hits need al
     st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.integers(0, 1)),
-    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)))
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("pop"), st.integers(0, 2), st.just(0), st.just(0)))
 OPS = st.lists(OP, min_size=12, max_size=50)
 
 
@@ -111,7 +112,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     ``free`` slot ``a``, finished when ``n`` else preempted; ``reset``; another user's
     ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took;
     ``evict`` the hash of slot ``a``'s indexer page ``n`` (its host page when ``f``),
-    held (a later hit stops there, the host hit may outlast it)."""
+    held (a later hit stops there, the host hit may outlast it); ``pop`` slot ``a``'s blocks
+    (finished), given back with the other user's at ``give_back``."""
     from vllm.v1.request import RequestStatus
 
     kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "enable_caching": True,
@@ -125,6 +127,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     loading = [0, 0, 0]  # (an external load pending, its pages unwritten: 1 asynchronous, 2 synchronous)
     seen: set[str] = set()
     starts: dict[str, int] = {}  # (a load's request -> the hit's tokens it follows)
+    popped: list[list[Any]] = [[], []]  # (per side: blocks pop_blocks_for_free handed out)
     taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
         if op == "admit" and not live[a]:
@@ -188,6 +191,10 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             seen.add("freed loading") if loading[a] else None
             live[a], loading[a] = False, 0
             seen.add("freed finished" if n else "freed preempted")
+        elif op == "pop" and live[a] and not loading[a]:  # (finished; its blocks held till given back)
+            reqs[a].status = RequestStatus.FINISHED_STOPPED
+            _pop(sides, reqs[a], popped, seen)
+            live[a] = False
         elif op == "reset":
             done = sides[0].reset_prefix_cache()
             assert sides[1].reset_prefix_cache() == done
@@ -208,6 +215,9 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 for side, pool in enumerate(_pools(sides, coordinators, h)):
                     pool.free_blocks(taken[h][side])
                 taken[h] = [[], []]
+            for side, m in enumerate(sides):
+                m.block_pool.free_blocks(reversed(popped[side]))
+            popped = [[], []]
         _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written,
                  [r.request_id for r, on in zip(reqs, loading, strict=True) if on])
         sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()),
@@ -236,6 +246,27 @@ def _counts(sides: Any, req: Any, hits: Any, hit: int, ext: int, tokens: int) ->
                     for i, g in enumerate(c.single_type_managers)]
         answers.append(got)
     assert answers[1] == answers[0], (hit, ext, tokens)
+
+
+def _pop(sides: Any, req: Any, popped: list[list[Any]], seen: set[str]) -> None:
+    """``pop_blocks_for_free`` of ``req`` on both sides (its blocks kept in ``popped``
+    till ``give_back``); where prefixkv refuses it by name (a page copied or read from
+    host), nothing changed there, and both free it instead."""
+    ours = sides[1]
+    before = ours.get_block_ids(req.request_id), ours.block_pool.get_num_free_blocks()
+    try:
+        got1 = ours.pop_blocks_for_free(req)
+    except UnsupportedByPrefixKV:
+        assert (ours.get_block_ids(req.request_id), ours.block_pool.get_num_free_blocks()) == before
+        for m in sides:
+            m.free(req)
+        seen.add("pop refused")
+        return
+    got0 = sides[0].pop_blocks_for_free(req)
+    assert [b.block_id for b in got1] == [b.block_id for b in got0]
+    popped[0] += got0
+    popped[1] += got1
+    seen.add("popped")
 
 
 def _pools(sides: Any, coordinators: Any, host: int) -> list[Any]:

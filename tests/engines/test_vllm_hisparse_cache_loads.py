@@ -46,7 +46,7 @@ def test_random_streams_with_external_loads_answer_as_vllm(
     side_by_side(num_blocks, host_blocks, in_flight, reprefill, ops)
 
 
-MIX = "aaaacccfffsdlllnnrtge"  # (one letter an op, as often as it appears)
+MIX = "aaaacccfffsdlllnnrtgep"  # (one letter an op, as often as it appears)
 AFTER_HITS = "aacccccffflllllnnneee"  # (loads after hits whose indexer pages were evicted)
 
 
@@ -67,7 +67,8 @@ def seeded_ops(seed: int, mix: str = MIX
            "r": lambda: ("reset", 0, 0, 0),
            "t": lambda: ("take", r.randint(1, 8), 0, r.randint(0, 1)),
            "g": lambda: ("give_back", 0, 0, 0),
-           "e": lambda: ("evict", r.randint(0, 2), r.randint(0, 7), r.choice([0, 0, 1]))}
+           "e": lambda: ("evict", r.randint(0, 2), r.randint(0, 7), r.choice([0, 0, 1])),
+           "p": lambda: ("pop", r.randint(0, 2), 0, 0)}
     return shape, [ops[r.choice(mix)]() for _ in range(r.randint(12, 60))]
 
 
