@@ -205,3 +205,15 @@ def test_a_load_after_a_short_hit_is_counted_as_vllm(spare: int) -> None:
         answers.append(None if got is None else (got.get_block_ids(), m.get_block_ids("probe")))
     assert answers[1] == answers[0]
     assert (answers[0] is not None) == (spare >= 0)
+
+
+def test_a_restore_and_a_publication_confirmed_together_index_the_publications_copy() -> None:
+    """A request of 48 tokens, its page 0 confirmed, its indexer page 0 evicted; another of
+    the same stem loads 48 tokens synchronously (no hit: the indexer's first page is
+    gone); one report confirms the first's pages 1 and 2 and the load's tail restore, both
+    of page 2's hash: vLLM indexes the restore's copy first, then the publication's
+    (which wins); before session 30 prefixkv indexed them the other way round (a
+    Hypothesis stream, seed 33)."""
+    seen = side_by_side(17, 9, 32, 0, [("admit", 0, 48, 0), ("confirm", 1, 0, 0), ("evict", 0, 0, 0),
+                                       ("load", 1, 48, 6), ("confirm", 7, 0, 0)])
+    assert {"loaded synchronously", "load done", "copies"} <= seen, seen

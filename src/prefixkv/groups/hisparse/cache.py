@@ -72,6 +72,7 @@ class HiSparseCache(HiSparseState):
         self._copy_of: dict[int, bytes] = {}  # a copy's block id -> its hash
         self._detached: dict[int, _Detached] = {}  # copy id -> the publication it holds back
         self._finished = False  # (``free``'s argument, read by ``_leaving``)
+        self._restoring: list[tuple[int, tuple[Hashable | None, int]]] = []  # (``report``'s whole restores)
 
     def _new_index(self) -> PoolIndex:
         return HashIndex()
@@ -168,15 +169,14 @@ class HiSparseCache(HiSparseState):
 
     def report(self, enqueued: Mapping[int, int], completed: Mapping[int, int]) -> list[int]:
         """``HiSparseState.report``; a live request's page restored whole from its published
-        host block (an import's last page) is indexed as that block's GPU copy."""
-        restores = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
-        done = super().report(enqueued, completed)
-        for tid, (key, page) in restores:
-            r = self._requests.get(key)
-            block = None if r is None or tid not in done else r.blocks[page]
-            if r is not None and block is not None:
-                self._record_copy(r.host[page].key, block)
-        return done
+        host block (an import's last page) is indexed as that block's GPU copy, before the
+        publications the report makes (vLLM's order: a published page's copy indexed by
+        the same report wins)."""
+        self._restoring = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
+        try:
+            return super().report(enqueued, completed)
+        finally:
+            self._restoring = []
 
     def _record_copy(self, h: Hashable, block: Block) -> None:
         if isinstance(h, bytes):
@@ -190,6 +190,11 @@ class HiSparseCache(HiSparseState):
             del self._copy_of[old.block_id]
 
     def _confirmed(self, keys: set[Hashable]) -> None:
+        for tid, (key, page) in self._restoring:
+            r = self._requests.get(key)
+            block = None if r is None or tid in self.spills else r.blocks[page]
+            if r is not None and block is not None:
+                self._record_copy(r.host[page].key, block)
         for key in keys:
             if key in self._pubs:
                 self._publish(key)

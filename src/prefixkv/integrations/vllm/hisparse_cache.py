@@ -3,7 +3,8 @@
 lookup (``get_computed_blocks``: the longest prefix both the host pool's published pages
 and the indexer's cached device pages hold, the host hit kept longer as vLLM's source
 group does), admission with a hit (the resident row starting with pages read from host,
-the hot region taken, GPU copies adopted at the request's first step), the caching wish
+the hot region taken, GPU copies adopted at the request's first step; with external
+tokens, a load after the hit: groups/hisparse/hits.py), the caching wish
 (``cache_blocks``: indexer pages at once, host pages as their copies are confirmed), a
 finished request's publication held back for its copies in flight, reset and eviction.
 The rest is ``hisparse_manager.HiSparseKVCacheManager``'s.
@@ -12,7 +13,7 @@ Refused by name (UnsupportedByPrefixKV, nothing changed): a hit for a request ho
 blocks, and what the caching-off manager refuses. A hit whose blocks no
 longer hold the request's hashes raises RequestError (nothing changed): a stale lookup is
 never admitted. Checked against vLLM's manager side by side:
-tests/engines/test_vllm_hisparse_cache.py.
+tests/engines/test_vllm_hisparse_cache.py (with loads: test_vllm_hisparse_cache_loads.py).
 """
 
 from __future__ import annotations
