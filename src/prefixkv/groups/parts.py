@@ -126,7 +126,8 @@ def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     if not got:
         return
     kinds = {s.kind for s in specs if s.retention is not None}
-    if sizes.peek or not all(s.cached for s in specs) or sizes.partial and kinds - {MAMBA} \
+    if sizes.peek and not (sizes.eagle and kinds == {MAMBA}) or not all(s.cached for s in specs) \
+            or sizes.partial and kinds - {MAMBA} \
             or sizes.one_size and MAMBA in kinds and not sizes.checkpoints:
         raise ConfigError(f"retention is served without peek and uncached windows, a window's without "
                           f"partial hits, a Mamba group's with groups of different block sizes, got {sizes}")

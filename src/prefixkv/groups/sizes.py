@@ -172,7 +172,8 @@ class BlockSizes:
         if j < 0 or (j + 1) * b > end:
             return False
         if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
-            return spec.retention is None or _keeps_state(spec.retention, b, u, j, marks)
+            return spec.retention is None or _keeps_state(
+                spec.retention, b, u, j, _eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
@@ -228,6 +229,23 @@ def _keeps_state(seg: int, b: int, unit: int, j: int, marks: Sequence[int]) -> b
         if per <= 1 or (j + 1) % per == 0:
             return True
     return any(t // unit * unit // b - 1 == j for t in marks)
+
+
+def _eagle_marks(marks: Sequence[int], align: int, h: int, b: int) -> Sequence[int]:
+    """``marks`` (``GroupRequest.marks``: the prompt's last token, the junction) as the
+    positions whose Mamba state (blocks of ``b``) vLLM keeps under sparse retention
+    beside EAGLE: its replay boundaries (``replay_boundaries`` with EAGLE: the last
+    ``align`` boundary below the prompt's last token, and below its end, each less one
+    ``align`` block), its prompt checkpoint (one hash block below the prompt's last hash
+    boundary: ``_cache_partial_tail_block``) when it ends a block, and the junction and
+    one Mamba block below it (the Mamba manager an EAGLE group's:
+    integrations/vllm/retention.py)."""
+    if not marks:
+        return marks
+    p = marks[0] + 1
+    ck = max(p // h * h - h, 0)  # (inside a block: the partial entry, groups/partial.py)
+    return (max((p - 1) // align * align - align, 0), max(p // align * align - align, 0),
+            ck if ck % b == 0 else 0, *marks[1:], *(t - b for t in marks[1:]))
 
 
 def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
