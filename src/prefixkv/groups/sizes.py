@@ -172,8 +172,10 @@ class BlockSizes:
         if j < 0 or (j + 1) * b > end:
             return False
         if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
-            return spec.retention is None or _keeps_state(
-                spec.retention, b, u, j, _eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
+            if spec.retention is None:
+                return True
+            return _keeps_state(spec.retention, b, u, j,
+                                _eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)

@@ -103,9 +103,9 @@ def _beside_eagle(layout: Layout, kinds: set[str]) -> bool:
     beside full attention, with vLLM's fine-grained partial hits (groups of different
     block sizes or a smaller hash block: ``BlockSizes.eagle``), each Mamba group one of
     vLLM's EAGLE groups (none flagged ``is_eagle_group``, or it or a group of its spec:
-    vLLM's Mamba manager then keeps the state one block below a junction too). vLLM keeps a Mamba state there at
-    each segment's end, at EAGLE's replay boundaries, the prompt's checkpoint and the
-    junction (groups/sizes.py ``_eagle_marks``)."""
+    vLLM's Mamba manager then keeps the state one block below a junction too). vLLM
+    keeps a Mamba state there at each segment's end, at EAGLE's replay boundaries, the
+    prompt's checkpoint and the junction (groups/sizes.py ``_eagle_marks``)."""
     flags = layout.eagle_flags
     flagged = {s for s, f in zip(layout.specs, flags, strict=True) if f}  # (vLLM: a spec's groups alike)
     return layout.sizes.partial and not layout.sizes.one_size and kinds == {FULL, MAMBA} and all(
