@@ -75,6 +75,15 @@ def sides(layout: str, small: bool, flag: int | None, retention: int | None,
     return s
 
 
+def checked(s: EagleSides, probe: list[int]) -> None:
+    """After each op: ``check_holds``, and both sides offered a connector the same Mamba
+    states in the step (vLLM's ``take_boundary_state_offloads``: group, block, position)."""
+    check_holds(s, probe)
+    offers = [{rid: sorted(got) for rid, got in m.take_boundary_state_offloads().items()} for m in s.ms]
+    assert offers[0] == offers[1], offers
+    s.offers = getattr(s, "offers", 0) + sum(map(len, offers[0].values()))
+
+
 def _mamba_flag(layout: str) -> int:
     return next(g for g, (_, w) in enumerate(LAYOUTS[layout][0]) if w == "mamba")
 
@@ -88,7 +97,7 @@ def _mamba_flag(layout: str) -> int:
 def test_the_plugin_retains_vllms_mamba_states_beside_eagle(layout, segments, small, flag, ops, probe):
     lcm = reduce(math.lcm, (b for b, _ in LAYOUTS[layout][0]))
     s = sides(layout, small, None if flag == "none" else _mamba_flag(layout), segments * lcm)
-    s.drive(ops, probe, lambda s: check_holds(s, probe))
+    s.drive(ops, probe, lambda s: checked(s, probe))
 
 
 @pytest.mark.parametrize("segments", [0, 1, 2])
@@ -100,7 +109,7 @@ def test_the_plugin_retains_vllms_checkpoints_beside_eagle(layout, segments, ops
     # ending its entry is kept at a segment's end, the prompt's checkpoint or the junction)
     lcm = reduce(math.lcm, (b for b, _ in LAYOUTS[layout][0]))
     s = sides(layout, False, None, segments * lcm, checkpoints=True)
-    s.drive(ops, probe, lambda s: check_holds(s, probe))
+    s.drive(ops, probe, lambda s: checked(s, probe))
 
 
 def _producer(m: Any) -> tuple[list[int], list[int], list[int]]:

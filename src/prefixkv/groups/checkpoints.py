@@ -30,7 +30,6 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
-from .sizes import _keeps_state
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -96,7 +95,7 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
         ck = at(self, g, tables[g], start, end, last)
         if ck is not None:
             got.append((g, *ck))
-            if ck[0] == (ck[1] + 1) * self._group_sizes[g] and _kept(self, req, g, *ck):
+            if ck[0] == (ck[1] + 1) * self._group_sizes[g]:
                 if req.states is None:
                     req.states = set()
                 req.states.add((g, ck[1]))
@@ -107,19 +106,6 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
     elif steps:
         steps.pop(req.request_id, None)
     return got
-
-
-def _kept(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int) -> bool:
-    """Whether a checkpoint at ``c`` ending entry ``j`` of Mamba group ``g`` may be
-    recorded: always, but beside EAGLE with a ``retention`` (``BlockSizes.caches`` keeps
-    EAGLE's replay boundaries there, which vLLM keeps only for a step's end): only at a
-    segment's end, the prompt's checkpoint or the junction (vLLM's
-    ``_cache_partial_tail_block``: any other checkpoint is transient)."""
-    seg = self.groups[g].retention
-    if seg is None or not self.sizes.eagle:
-        return True
-    return c == self.sizes.replay_at(req.num_prompt, self._tail_gap) or c in req.marks[1:] \
-        or _keeps_state(seg, self._group_sizes[g], self.sizes.unit, j, ())
 
 
 def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
