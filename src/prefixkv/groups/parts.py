@@ -28,7 +28,7 @@ from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
-from .spec import MAMBA, GroupSpec, group_specs
+from .spec import MAMBA, SLIDING, GroupSpec, group_specs
 from .spec_blocks import aheads
 
 if TYPE_CHECKING:
@@ -126,7 +126,8 @@ def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     if not got:
         return
     kinds = {s.kind for s in specs if s.retention is not None}
-    if sizes.peek and not (sizes.eagle and kinds == {MAMBA}) or not all(s.cached for s in specs) \
+    if sizes.peek and not (sizes.eagle and kinds == {MAMBA} or not sizes.partial and kinds == {SLIDING}) \
+            or not all(s.cached for s in specs) \
             or sizes.partial and kinds - {MAMBA} \
             or sizes.one_size and MAMBA in kinds and not sizes.checkpoints:
         raise ConfigError(f"retention is served without peek and uncached windows, a window's without "

@@ -176,11 +176,13 @@ class BlockSizes:
                 return True
             return _keeps_state(spec.retention, b, u, j,
                                 _eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
+        if spec.retention is not None:  # (beside EAGLE, its replay boundaries: _window_marks)
+            if not self.peek:
+                return _retains(spec, b, self.align, j, marks)
+            return _peek_retains(spec, b, self.align, j, _window_marks(marks, self.align, b, peek), peek)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
-        if spec.retention is not None:
-            return _retains(spec, b, self.align, j, marks)
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 
@@ -218,6 +220,37 @@ def _retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int]) 
     if seg and spec.first_needed(blocks_for((j + 1) * b, seg) * seg) // b <= j:  # (the segment's end)
         return True
     return any(spec.first_needed(t // align * align) // b <= j < t // align * align // b for t in marks)
+
+
+def _window_marks(marks: Sequence[int], align: int, b: int, peek: bool) -> Sequence[int]:
+    """``marks`` (``GroupRequest.marks``) as the boundaries whose window tails vLLM keeps
+    under sparse retention beside EAGLE (some group ``peek``): its replay boundaries (as
+    ``_eagle_marks``), the junction, and one block of ``b`` below it in a peeking window
+    (vLLM's ``SingleTypeKVCacheManager.cache_blocks``)."""
+    if not marks:
+        return marks
+    p = marks[0] + 1
+    return (max((p - 1) // align * align - align, 0), max(p // align * align - align, 0), *marks[1:],
+            *(t - b for t in marks[1:] if peek))
+
+
+def _peek_retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int], peek: bool) -> bool:
+    """``BlockSizes.caches`` for block ``j`` of a window of blocks of ``b`` with a
+    ``retention`` beside EAGLE (vLLM's ``SlidingWindowManager.reachable_block_mask``): the
+    ``need`` blocks a hit reads ending at each segment's end and at each of ``marks``
+    rounded down to ``align``, shifted one block up, one more block, in a window
+    ``peek`` names (its hit matches the block past it); every block when a segment
+    holds no more than ``need``."""
+    need, seg, shift = blocks_for(spec.tokens - 1, b) + peek, spec.retention, int(peek)
+    if seg:
+        per = seg // b
+        if need >= per or j >= shift and (j - shift) % per >= per - need:
+            return True
+    for t in marks:
+        end = t // align * align // b + shift
+        if end - need <= j < end:
+            return True
+    return False
 
 
 def _keeps_state(seg: int, b: int, unit: int, j: int, marks: Sequence[int]) -> bool:
