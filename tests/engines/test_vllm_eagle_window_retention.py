@@ -55,7 +55,8 @@ class WindowSides(Sides):
         self.serial = self.hits = self.copies = self.checked = 0
         self.written: dict[int, tuple[int, ...]] = {}
         init_none_hash(sha256)
-        c = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
+        c = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                          prefix_cache_retention_interval=retention,
                           kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], _spec(b, w), is_eagle_group=f)
                                            for i, ((b, w), f) in enumerate(zip(groups, flags, strict=True))])
         self.ms = [make(c, max_model_len=256, scheduler_block_size=self.lcm, hash_block_size=self.h,
