@@ -88,8 +88,7 @@ class WindowSides(Sides):
             self.checked += hit > 0
 
 
-@pytest.mark.parametrize("segments", [0, 1, 2])
-@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize(("segments", "small"), [(k, small) for k in (0, 1, 2) for small in (False, True)])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @settings(max_examples=25, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
