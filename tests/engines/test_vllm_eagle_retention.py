@@ -1,6 +1,6 @@
 """vLLM's ``prefix_cache_retention_interval`` beside EAGLE (``use_eagle``) and Mamba
 groups with vLLM's fine-grained partial hits (integrations/vllm/retention.py
-``_beside_eagle``; groups/sizes.py ``_eagle_marks``): vLLM keeps a Mamba state at each
+``_beside_eagle``; groups/eagle_retention.py ``eagle_marks``): vLLM keeps a Mamba state at each
 segment's end, at EAGLE's replay boundaries (one scheduler block below the prompt's last
 aligned boundaries), at its prompt checkpoint (one hash block below the prompt's last
 hash boundary) and at a junction and one Mamba block below it; prefixkv keeps the same.

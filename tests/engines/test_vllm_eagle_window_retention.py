@@ -1,6 +1,6 @@
 """vLLM's ``prefix_cache_retention_interval`` beside EAGLE (``use_eagle``) and sliding
 windows with groups of different block sizes (integrations/vllm/retention.py
-``_beside_eagle``; groups/sizes.py ``_peek_retains``): vLLM keeps, in a window its EAGLE
+``_beside_eagle``; groups/eagle_retention.py ``peek_retains``): vLLM keeps, in a window its EAGLE
 flags, the tail a hit reads at each segment's end and at EAGLE's replay boundaries (one
 scheduler block below the prompt's last aligned boundaries) and a junction (and one
 block below it) one block up, one block longer (``reachable_block_mask``'s shift), and

@@ -27,6 +27,7 @@ from functools import reduce
 
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
+from .eagle_retention import eagle_marks, peek_retains, window_marks
 from .hits import longest_sized_hit
 from .partial import check_partial
 from .spec import FULL, MAMBA, SLIDING, GroupSpec
@@ -175,11 +176,11 @@ class BlockSizes:
             if spec.retention is None:
                 return True
             return _keeps_state(spec.retention, b, u, j,
-                                _eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
-        if spec.retention is not None:  # (beside EAGLE, its replay boundaries: _window_marks)
+                                eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
+        if spec.retention is not None:  # (beside EAGLE, its replay boundaries: eagle_retention.py)
             if not self.peek:
                 return _retains(spec, b, self.align, j, marks)
-            return _peek_retains(spec, b, self.align, j, _window_marks(marks, self.align, b, peek), peek)
+            return peek_retains(spec, b, self.align, j, window_marks(marks, self.align, b, peek), peek)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
@@ -222,37 +223,6 @@ def _retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int]) 
     return any(spec.first_needed(t // align * align) // b <= j < t // align * align // b for t in marks)
 
 
-def _window_marks(marks: Sequence[int], align: int, b: int, peek: bool) -> Sequence[int]:
-    """``marks`` (``GroupRequest.marks``) as the boundaries whose window tails vLLM keeps
-    under sparse retention beside EAGLE (some group ``peek``): its replay boundaries (as
-    ``_eagle_marks``), the junction, and one block of ``b`` below it in a peeking window
-    (vLLM's ``SingleTypeKVCacheManager.cache_blocks``)."""
-    if not marks:
-        return marks
-    p = marks[0] + 1
-    return (max((p - 1) // align * align - align, 0), max(p // align * align - align, 0), *marks[1:],
-            *(t - b for t in marks[1:] if peek))
-
-
-def _peek_retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int], peek: bool) -> bool:
-    """``BlockSizes.caches`` for block ``j`` of a window of blocks of ``b`` with a
-    ``retention`` beside EAGLE (vLLM's ``SlidingWindowManager.reachable_block_mask``): the
-    ``need`` blocks a hit reads ending at each segment's end and at each of ``marks``
-    rounded down to ``align``, shifted one block up, one more block, in a window
-    ``peek`` names (its hit matches the block past it); every block when a segment
-    holds no more than ``need``."""
-    need, seg, shift = blocks_for(spec.tokens - 1, b) + peek, spec.retention, int(peek)
-    if seg:
-        per = seg // b
-        if need >= per or j >= shift and (j - shift) % per >= per - need:
-            return True
-    for t in marks:
-        end = t // align * align // b + shift
-        if end - need <= j < end:
-            return True
-    return False
-
-
 def _keeps_state(seg: int, b: int, unit: int, j: int, marks: Sequence[int]) -> bool:
     """``BlockSizes.caches`` for block ``j`` (a whole one) of a Mamba group of blocks of
     ``b`` with a retention of ``seg`` tokens (vLLM's ``MambaManager.reachable_block_mask``):
@@ -264,23 +234,6 @@ def _keeps_state(seg: int, b: int, unit: int, j: int, marks: Sequence[int]) -> b
         if per <= 1 or (j + 1) % per == 0:
             return True
     return any(t // unit * unit // b - 1 == j for t in marks)
-
-
-def _eagle_marks(marks: Sequence[int], align: int, h: int, b: int) -> Sequence[int]:
-    """``marks`` (``GroupRequest.marks``: the prompt's last token, the junction) as the
-    positions whose Mamba state (blocks of ``b``) vLLM keeps under sparse retention
-    beside EAGLE: its replay boundaries (``replay_boundaries`` with EAGLE: the last
-    ``align`` boundary below the prompt's last token, and below its end, each less one
-    ``align`` block), its prompt checkpoint (one hash block below the prompt's last hash
-    boundary: ``_cache_partial_tail_block``) when it ends a block, and the junction and
-    one Mamba block below it (the Mamba manager an EAGLE group's:
-    integrations/vllm/retention.py)."""
-    if not marks:
-        return marks
-    p = marks[0] + 1
-    ck = max(p // h * h - h, 0)  # (inside a block: the partial entry, groups/partial.py)
-    return (max((p - 1) // align * align - align, 0), max(p // align * align - align, 0),
-            ck if ck % b == 0 else 0, *marks[1:], *(t - b for t in marks[1:]))
 
 
 def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:

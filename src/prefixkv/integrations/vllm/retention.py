@@ -105,7 +105,7 @@ def _beside_eagle(layout: Layout, kinds: set[str]) -> bool:
     vLLM's EAGLE groups (none flagged ``is_eagle_group``, or it or a group of its spec:
     vLLM's Mamba manager then keeps the state one block below a junction too). vLLM
     keeps a Mamba state there at each segment's end, at EAGLE's replay boundaries, the
-    prompt's checkpoint and the junction (groups/sizes.py ``_eagle_marks``)."""
+    prompt's checkpoint and the junction (groups/eagle_retention.py ``eagle_marks``)."""
     sizes = layout.sizes
     if sizes.one_size or not all(g.cached for g in layout.groups):
         return False
