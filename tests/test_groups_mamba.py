@@ -215,10 +215,17 @@ def test_lookup_per_group_with_peek_counts_the_prompts_last_full_block():
     m.check_invariants()
 
 
-def test_lookup_per_group_with_peek_is_refused_with_different_block_sizes():
+def test_lookup_per_group_with_peek_walks_one_block_past_the_cap_with_different_block_sizes():
+    # full attention at 4 beside a window of 8 at 8 (hash 4), 24 tokens computed whole:
+    # a lookup of the same 24 tokens stops at the cap, 23 (full attention 20, the window
+    # 16); with peek (vLLM's EAGLE: the plug-in's junction, mamba.py) it walks one
+    # largest block past the cap: 24 in both. Before session 30: ConfigError.
     from prefixkv.groups import BlockSizes
 
     m = HybridKVCacheManager([full_attention(), sliding_window(8)], 40, BlockSizes.of((4, 8)))
-    with pytest.raises(ConfigError, match="one block size"):
-        m.lookup_per_group(list(range(20)), peek=True)
-    assert m.lookup_per_group(list(range(20))) == (0, 0)
+    assert m.lookup_per_group(list(range(20)), peek=True) == (0, 0)
+    assert m.add_request("a", list(range(24))) is not None
+    m.free("a")
+    assert m.lookup_per_group(list(range(24))) == (20, 16)
+    assert m.lookup_per_group(list(range(24)), peek=True) == (24, 24)
+    m.check_invariants()

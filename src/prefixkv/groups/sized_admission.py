@@ -36,31 +36,30 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     ``align`` and at most ``n - 1`` tokens (and ``max_hit_tokens``), that every group
     serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
     size). With ``peek``, vLLM's EAGLE hit (``hits.peeking_sized_hit``), which may look
-    at the prompt's last full hash block. Raises ConfigError for a ``peek`` on a layout
-    ``check_peek`` refuses, or with ``alone``."""
+    at the prompt's last full hash block (``alone`` then within the hash blocks it walks,
+    up to one largest block past the cap). Raises ConfigError for a ``peek`` on a layout
+    ``check_peek`` refuses."""
     h, sizes, find = self._hash_size, self.sizes, self._index.find
     cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
     if any(peek):
         if sizes.eagle:
             return partial_eagle.eagle_hit(self, chunks, keys, n, cap, peek, alone)
         check_peek(self.groups, sizes.sizes)
-        if alone is not None:
-            raise ConfigError("lookup_per_group's peek is served at one block size or with eagle only")
     walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
 
     def cached(g: int, j: int) -> bool:
         i = sizes.key_index(g, j)
         return i < len(nodes) and find(g, nodes[i]) is not None
-    if any(peek):
-        return nodes[:peeking_sized_hit(self.groups, sizes.sizes, sizes.align, cap, n // h * h, cached,
-                                        peek) // h]
-    if alone is not None:
+    if alone is not None:  # (with peek: each group's run within the nodes the peek walks)
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
         for g in self._fine:  # (vLLM's full attention alone looks inside its next block too)
             alone[g] = partial_full.alone(self, nodes, g, alone[g])
+    if any(peek):
+        return nodes[:peeking_sized_hit(self.groups, sizes.sizes, sizes.align, cap, n // h * h, cached,
+                                        peek) // h]
     if sizes.partial:
         return nodes[:partial.longest_hit(self, nodes, len(nodes))]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]

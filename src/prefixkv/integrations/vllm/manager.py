@@ -142,6 +142,8 @@ class KVCacheManager(StepCalls):
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
                                        peek=self.eagle_groups, lookahead=lookahead, eagle=use_eagle,
                                        shared_prefix=self.mamba_shared_prefix_checkpoint)
+        if use_eagle and self._mamba.sizes is not None:  # (EAGLE's positions: BlockSizes.eagle)
+            self._mamba.sizes = self.core.sizes
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)
