@@ -49,7 +49,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins", "groups.spec_blocks", "groups.spec_states", "groups.lookahead",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
-          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
+          "groups.sizes", "groups.eagle_retention", "groups.sized", "groups.sized_admission", "groups.partial", "groups.partial_full",
           "groups.partial_eagle",
           "groups.checkpoints",
           "groups.sized_rewind", "groups.sized_release", "groups.hisparse", "groups.hisparse.row",
