@@ -1,0 +1,48 @@
+"""Edges of the HiSparse state (``groups.hisparse.state``, ``state_check``) that its
+side-by-side streams do not reach: a copy two live hits read, one of them freed before
+another user reuses it, and the state's checks naming an import of a request gone.
+Exact values; needs no vLLM (mutants-r30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixkv.errors import InvariantError
+
+from .test_hisparse_cache_edges import HASHES, _cache, _hit
+
+
+def test_a_copy_two_hits_unpinned_is_read_from_host_by_the_one_left_once_reused() -> None:
+    """"b" and "c" both adopt the copies of "a"'s 4 published pages (blocks 5-8) and,
+    reading from host, unpin pages 0-2: each of blocks 5-7 has two readers. "b" goes; another
+    user taking every free block reuses 5-7: "c" reads those pages from host from then on
+    (its row 0 there, told at the next ``take_residency``), never a block another user writes."""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    for key in ("b", "c"):
+        host, indexer = s.lookup(HASHES, 32)
+        assert s.admit(key, 20, HASHES, host, indexer)
+        s.advance(key, 20)
+    assert s.request("c")[2] == [5, 6, 7, 8, 13]
+    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
+        5: [("b", 0), ("c", 0)], 6: [("b", 1), ("c", 1)], 7: [("b", 2), ("c", 2)]}
+    s.free("b", finished=True)
+    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
+        5: [("c", 0)], 6: [("c", 1)], 7: [("c", 2)]}
+    s.check_invariants()
+    taken = s.device.take(s.device.num_free)
+    assert {5, 6, 7} <= {b.block_id for b in taken}
+    assert s.request("c")[2] == [0, 0, 0, 8, 13]
+    assert s.take_residency("c") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, 13])
+    s.check_invariants(taken)
+
+
+def test_the_state_checks_name_an_import_of_a_request_gone() -> None:
+    """``check_invariants`` runs the imports' own checks: a pending import whose request
+    the state does not hold is named."""
+    s = _cache()
+    assert s.allocate("a", 16)
+    s.check_invariants()
+    s.imports.pending["gone"] = 8
+    with pytest.raises(InvariantError, match="imports pending for requests gone"):
+        s.check_invariants()
