@@ -141,3 +141,24 @@ def test_a_primary_hands_its_prefix_to_the_first_spare_made():
     m.uncache_blocks(a1)
     assert [t[1] for t in m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])] == b1
     m.check_invariants()
+
+
+def test_uncaching_a_shared_block_takes_the_spares_of_what_was_computed_after_it():
+    """a and b share block 0 (twins: b's hit); its KV found invalid, the prefix goes and
+    with it block 1's, computed after it: a's primaries and b's spares alike lose it
+    (a spare kept would take the primary's place and keep a prefix computed from invalid
+    KV cached), withdrawn once per group; freed, all six blocks return empty. (b's spares
+    are among the blocks ``uncache`` is given: ``computed_on``.)"""
+    m = twins(13, enable_events=True)
+    m.take_events()
+    assert {r: m.get_block_ids(r) for r in "ab"} == {"a": ((1, 2), (3, 4)), "b": ((1, 5), (3, 6))}
+    m.uncache_blocks([1, 3])
+    assert [(e.group_idx, e.block_ids) for e in m.take_events() if isinstance(e, GroupBlockRemoved)] == [
+        (0, (1,)), (1, (3,)), (0, (2,)), (1, (4,))]
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
+    assert [m._index.nodes[i] for i in (1, 2, 3, 4, 5, 6)] == [None] * 6
+    m.check_invariants()
+    m.free("a")
+    m.free("b")
+    assert m.free_block_order()[:6] == [6, 3, 5, 1, 4, 2]
+    m.check_invariants()
