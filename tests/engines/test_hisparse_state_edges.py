@@ -46,3 +46,35 @@ def test_the_state_checks_name_an_import_of_a_request_gone() -> None:
     s.imports.pending["gone"] = 8
     with pytest.raises(InvariantError, match="imports pending for requests gone"):
         s.check_invariants()
+
+
+def test_a_copy_replaced_then_its_writer_freed_is_still_told_to_its_reader_when_reused() -> None:
+    """"b" and "d" compute the same 4 pages; b's copies (device blocks 5-8) are confirmed
+    first and published, "c" hits them, adopts 5-8 and, reading from host, unpins pages
+    0-2 (blocks 5-7 read by c alone, held by b). d's copies confirmed, d's blocks (13-16)
+    become the pages' GPU copies. b goes: 5-7 are unpinned, no longer copies, still read by
+    c; another user taking every free block reuses them, and c reads those pages from host
+    (0), never a block another user writes. (mutants-r30: b's blocks let go while c reads
+    them, as a block no one reads.)"""
+    s = _cache()
+    for key in ("b", "d"):
+        assert s.allocate(key, 16)
+        s.cache(key, 16, HASHES)
+        s.advance(key, 16)
+    sent = [tid for tid, _, _ in s.take_copies()]
+    assert s.report(dict.fromkeys(sent[:4], 1), dict.fromkeys(sent[:4], 1)) == [0, 1, 2, 3]
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("c", 20, HASHES, host, indexer)
+    s.advance("c", 20)
+    assert s.request("c")[2] == [5, 6, 7, 8, 18]
+    assert s.report(dict.fromkeys(sent[4:], 1), dict.fromkeys(sent[4:], 1)) == [4, 5, 6, 7]
+    assert sorted(b.block_id for b in s.copies.values()) == [13, 14, 15, 16]
+    s.free("b", finished=True)
+    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
+        5: [("c", 0)], 6: [("c", 1)], 7: [("c", 2)]}
+    s.check_invariants()
+    taken = s.device.take(s.device.num_free)
+    assert {5, 6, 7} <= {b.block_id for b in taken}
+    assert s.request("c")[2] == [0, 0, 0, 8, 18]
+    assert s.take_residency("c") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, 18])
+    s.check_invariants(taken)
