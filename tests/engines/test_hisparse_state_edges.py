@@ -8,8 +8,24 @@ from __future__ import annotations
 import pytest
 
 from prefixkv.errors import InvariantError
+from prefixkv.groups.hisparse.cache import HiSparseCache
 
 from .test_hisparse_cache_edges import HASHES, _cache, _hit
+
+
+def _b_goes_and_c_reads_5_to_7_from_host_once_reused(s: HiSparseCache, last: int) -> None:
+    """"b" freed, "c" alone reads blocks 5-7 (its pages 0-2, unpinned); another user takes
+    every free block: c's row reads those pages from host (0), told at ``take_residency``
+    (``last``: c's last page's block)."""
+    s.free("b", finished=True)
+    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
+        5: [("c", 0)], 6: [("c", 1)], 7: [("c", 2)]}
+    s.check_invariants()
+    taken = s.device.take(s.device.num_free)
+    assert {5, 6, 7} <= {b.block_id for b in taken}
+    assert s.request("c")[2] == [0, 0, 0, 8, last]
+    assert s.take_residency("c") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, last])
+    s.check_invariants(taken)
 
 
 def test_a_copy_two_hits_unpinned_is_read_from_host_by_the_one_left_once_reused() -> None:
@@ -26,15 +42,7 @@ def test_a_copy_two_hits_unpinned_is_read_from_host_by_the_one_left_once_reused(
     assert s.request("c")[2] == [5, 6, 7, 8, 13]
     assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
         5: [("b", 0), ("c", 0)], 6: [("b", 1), ("c", 1)], 7: [("b", 2), ("c", 2)]}
-    s.free("b", finished=True)
-    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
-        5: [("c", 0)], 6: [("c", 1)], 7: [("c", 2)]}
-    s.check_invariants()
-    taken = s.device.take(s.device.num_free)
-    assert {5, 6, 7} <= {b.block_id for b in taken}
-    assert s.request("c")[2] == [0, 0, 0, 8, 13]
-    assert s.take_residency("c") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, 13])
-    s.check_invariants(taken)
+    _b_goes_and_c_reads_5_to_7_from_host_once_reused(s, 13)
 
 
 def test_the_state_checks_name_an_import_of_a_request_gone() -> None:
@@ -69,12 +77,4 @@ def test_a_copy_replaced_then_its_writer_freed_is_still_told_to_its_reader_when_
     assert s.request("c")[2] == [5, 6, 7, 8, 18]
     assert s.report(dict.fromkeys(sent[4:], 1), dict.fromkeys(sent[4:], 1)) == [4, 5, 6, 7]
     assert sorted(b.block_id for b in s.copies.values()) == [13, 14, 15, 16]
-    s.free("b", finished=True)
-    assert {b: sorted(readers) for b, readers in s._unpinned.items()} == {
-        5: [("c", 0)], 6: [("c", 1)], 7: [("c", 2)]}
-    s.check_invariants()
-    taken = s.device.take(s.device.num_free)
-    assert {5, 6, 7} <= {b.block_id for b in taken}
-    assert s.request("c")[2] == [0, 0, 0, 8, 18]
-    assert s.take_residency("c") == ([0, 1, 2, 3, 4], [0, 0, 0, 8, 18])
-    s.check_invariants(taken)
+    _b_goes_and_c_reads_5_to_7_from_host_once_reused(s, 18)
