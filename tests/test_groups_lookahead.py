@@ -101,3 +101,16 @@ def test_what_lookahead_keys_refuse(options, message):
         HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True), **options)
     with pytest.raises(ConfigError, match="different block sizes"):  # (the one-size manager)
         HybridKVCacheManager([full_attention(), mamba()], 20, 4, hash_lookahead_tokens=1)
+
+
+def test_know_tokens_without_lookahead_finds_the_request_and_changes_nothing():
+    """Without lookahead keys (L = 0) ``know_tokens`` only finds the request (an unknown id
+    is refused by name): what a lookup finds stays as it was. (mutants-r30)"""
+    m = _manager(0)
+    m.add_request("0", [0, 0, 1, 1, 2, 2], num_new_tokens=4)
+    before = m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])
+    assert m.know_tokens("0", [0, 0, 1, 1, 2, 2, 3, 3]) is None
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5]) == before == (4, 4)
+    with pytest.raises(RequestError):
+        m.know_tokens("x", [0, 0])
+    m.check_invariants()
