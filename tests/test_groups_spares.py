@@ -162,3 +162,24 @@ def test_uncaching_a_shared_block_takes_the_spares_of_what_was_computed_after_it
     m.free("b")
     assert m.free_block_order()[:6] == [6, 3, 5, 1, 4, 2]
     m.check_invariants()
+
+
+def test_a_request_freed_before_computing_takes_the_spares_built_on_its_blocks():
+    """a's block 0 (1..4) is recorded when scheduled; o and p hit it (at most 4 tokens) and
+    each compute block 1 (5..8): p's are spares of o's. a freed with no token computed:
+    block 0 never held that KV, so its prefix goes and with it block 1's, o's primaries
+    and p's spares alike (a spare kept would take its primary's place, a prefix computed
+    on KV never written still cached), withdrawn once per group. (mutants-r30: ``uncache``'s
+    spares of a forgotten prefix, the only path that is not given them.)"""
+    m = HybridKVCacheManager([FULL, SW8], 16, 4, seed=0, enable_events=True)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    for rid in ("o", "p"):
+        assert m.add_request(rid, [1, 2, 3, 4, 5, 6, 7, 8, 9], max_hit_tokens=4).num_cached_tokens == 4
+    assert [m.get_block_ids(rid) for rid in ("o", "p")] == [((1, 5, 6), (3, 7, 8)), ((1, 9, 10), (3, 11, 12))]
+    m.take_events()
+    m.free("a", num_computed_tokens=0)
+    assert [(e.group_idx, e.block_ids) for e in m.take_events() if isinstance(e, GroupBlockRemoved)] == [
+        (0, (1,)), (1, (3,)), (0, (5,)), (1, (7,))]
+    assert [m._index.nodes[i] for i in (1, 3, 5, 7, 9, 11)] == [None] * 6
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
+    m.check_invariants()
