@@ -183,3 +183,18 @@ def test_a_request_freed_before_computing_takes_the_spares_built_on_its_blocks()
     assert [m._index.nodes[i] for i in (1, 3, 5, 7, 9, 11)] == [None] * 6
     assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
     m.check_invariants()
+
+
+def test_what_a_request_computes_after_its_invalid_first_block_is_never_found():
+    """a and b (not reading the cache) compute the same block 0, b's a spare of a's. a's
+    block 0 found invalid: b's keeps the prefix found, but what a computes after it (its
+    block 1, on KV never right) is never found: a reader hits b's block 0 only.
+    (mutants-r30: ``cut_off`` not asking about block 0 found a's block 1: a wrong KV.)"""
+    m = HybridKVCacheManager([FULL, SW8], 16, 4, seed=0)
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    m.add_request("b", [1, 2, 3, 4, 5, 6], read_cache=False)
+    assert [m.get_block_ids(rid) for rid in ("a", "b")] == [((1, 2), (3, 4)), ((5, 6), (7, 8))]
+    m.uncache_blocks([1, 3])
+    m.append_tokens("a", [7, 8])
+    assert m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9]) == ((5,), (7,))
+    m.check_invariants()
