@@ -126,3 +126,21 @@ def test_a_spare_freed_gives_up_its_tail_entry_and_the_last_holder_withdraws_it(
             if isinstance(e, GroupBlockRemoved) and e.group_idx == 1] == [(1, (2,), (hashes[1],)),
                                                                          (1, (2,), (hashes[0],))]
     m.check_invariants()
+
+
+def test_a_reset_forgets_the_tail_entries_and_the_same_prompt_announces_its_own_again():
+    """r's 16-token prompt leaves block 2 (group 1) holding the tail entry of hash block 0;
+    r freed, the cache reset: no block holds an entry any more (the checks agree), and s,
+    the same prompt, has its own announced in its block 5. (mutants-r30: the entries
+    kept by ``GroupIndex.clear``.)"""
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    m = HybridKVCacheManager(specs, 12, sizes, enable_events=True, seed=0)
+    assert m.add_request("r", list(range(16))).group_block_ids == ((0, 1), (2,))
+    m.free("r")
+    assert m.reset_prefix_cache()
+    assert dict(m._index.tails) == {} and not m._index.tails.held
+    m.check_invariants()
+    m.take_events()
+    assert m.add_request("s", list(range(16))).group_block_ids == ((3, 4), (5,))
+    assert _tails(m) == [(1, 0)]
+    m.check_invariants()

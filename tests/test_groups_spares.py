@@ -198,3 +198,11 @@ def test_what_a_request_computes_after_its_invalid_first_block_is_never_found():
     m.append_tokens("a", [7, 8])
     assert m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9]) == ((5,), (7,))
     m.check_invariants()
+
+
+def test_check_invariants_finds_an_entry_whose_block_names_another_prefix():
+    m = twins(12)
+    pid, block = next(iter(m._index.entries[0].items()))  # (corrupted here on purpose)
+    block.content_id = pid + 1000
+    with pytest.raises(InvariantError, match=f"entry {pid} -> .* does not match the block"):
+        m.check_invariants()
