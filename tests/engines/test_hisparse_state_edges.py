@@ -78,3 +78,23 @@ def test_a_copy_replaced_then_its_writer_freed_is_still_told_to_its_reader_when_
     assert s.report(dict.fromkeys(sent[4:], 1), dict.fromkeys(sent[4:], 1)) == [4, 5, 6, 7]
     assert sorted(b.block_id for b in s.copies.values()) == [13, 14, 15, 16]
     _b_goes_and_c_reads_5_to_7_from_host_once_reused(s, 18)
+
+
+def test_a_page_confirmed_past_a_restore_in_flight_is_published_with_it() -> None:
+    """A load of 12 tokens (3 whole pages) with 8 new ones: done, cached to 20 tokens, the
+    whole last page's restore (copy 0) in flight: 3 pages published. The step's copies of
+    pages 3 and 4 planned; page 3's confirmed first, the restore still in flight: 4 pages
+    published (the valid prefix goes on past the restored page); the rest confirmed, 5.
+    (mutants-r30: the walk past the restored page not moving: a loop.)"""
+    s = _cache()
+    assert s.load("L", 12, 20)
+    s.finish_import("L", failed=False)
+    s.cache("L", 20, HASHES)
+    assert [len(found) for found in s.lookup(HASHES, 32)] == [3, 3]
+    s.advance("L", 20)
+    assert s.take_copies() == [(0, 4, 3), (1, 7, 4), (2, 8, 5)]
+    assert s.report({1: 1}, {1: 1}) == [1]
+    assert [len(found) for found in s.lookup(HASHES, 32)] == [4, 4]
+    assert s.report({0: 1, 2: 1}, {0: 1, 2: 1}) == [0, 2]
+    assert [len(found) for found in s.lookup(HASHES, 32)] == [5, 5]
+    s.check_invariants()
