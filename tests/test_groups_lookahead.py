@@ -114,3 +114,15 @@ def test_know_tokens_without_lookahead_finds_the_request_and_changes_nothing():
     with pytest.raises(RequestError):
         m.know_tokens("x", [0, 0])
     m.check_invariants()
+
+
+def test_know_tokens_given_a_prefix_of_the_requests_own_changes_nothing():
+    """L = 2: a prompt of 6 keys blocks 0 and 1; told fewer tokens than its own (a prefix
+    of them: its block 2's first token only), the request keeps its keys, nothing is
+    refused, and a lookup finds what it found. (mutants-r30: the comparison of the known
+    tokens with the request's own, cut to the shorter.)"""
+    m = _manager(2)
+    m.add_request("0", [0, 0, 1, 1, 2, 2], num_new_tokens=6)
+    assert m.know_tokens("0", [0, 0, 1, 1, 2]) is None
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])[0] == 4
+    m.check_invariants()
