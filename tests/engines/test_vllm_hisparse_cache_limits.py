@@ -1,8 +1,8 @@
 """The limits of a hit on prefixkv's HiSparse plug-in manager with caching on
 (integrations/vllm/hisparse_cache.py) beside vLLM 0.33's own: the default hit length (one
 token short of the request), the watermark kept for a waiting request only beside
-scheduled ones, a whole sequence that fits to the last block, and the hash lengths and
-pool size vLLM's block objects read. Exact values, both managers alike (mutants-r30:
+scheduled ones, a whole sequence that fits to the last block, the hash lengths and
+pool size vLLM's block objects read, and a copy in flight's reference. Exact values, both managers alike (mutants-r30:
 each test kills a mutant the side-by-side streams let survive). Needs vllm."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 from . import skip_module_without_vllm
 
 skip_module_without_vllm()
+
+from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
 
 from .hisparse_model import BS, MAX_LEN  # noqa: E402
 from .test_vllm_block_sizes_reference import _request  # noqa: E402
@@ -79,3 +81,22 @@ def test_a_whole_sequence_that_fits_to_its_last_block_is_admitted(side: str, num
     assert (hit, free, got is not None) == (64, num_blocks - 1, admitted)
     if admitted:
         assert got.get_block_ids() == ([5], [9], [10], [11, 12])
+
+
+@SIDES
+def test_a_copy_in_flight_counts_a_reference_on_its_device_block(side: str) -> None:
+    """A 64-token request computed, its 4 copies to host sent: each resident block (5-8)
+    counts the row's reference and the copy's (vLLM's ``ref_cnt`` 2), the indexer's (1-4)
+    one; once confirmed, one again."""
+    cfg, kw = hisparse_config(32, 16), {"max_model_len": MAX_LEN, "enable_caching": True}
+    m = vllm_manager(cfg, **kw) if side == "vllm" else _plugin_manager(cfg, **kw)
+    seam = get_hisparse_coordinator(m)
+    first = _request("first", list(range(64)), BS)
+    m.allocate_slots(first, 64)
+    seam.advance_scheduled([("first", 64)])
+    first.num_computed_tokens = 64
+    sent = [t.transfer_id for t in seam.build_offload_command().page_transfers]
+    assert m.get_block_ids("first") == ([1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [])
+    assert [b.ref_cnt for b in m.block_pool.blocks[:10]] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 0]
+    seam.update_spills(dict.fromkeys(sent, 1), dict.fromkeys(sent, 1))
+    assert [b.ref_cnt for b in m.block_pool.blocks[:10]] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 0]
