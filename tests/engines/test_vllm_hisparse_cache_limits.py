@@ -1,9 +1,10 @@
 """The limits of a hit on prefixkv's HiSparse plug-in manager with caching on
 (integrations/vllm/hisparse_cache.py) beside vLLM 0.33's own: the default hit length (one
 token short of the request), the watermark kept for a waiting request only beside
-scheduled ones, a whole sequence that fits to the last block, the hash lengths and
-pool size vLLM's block objects read, and a copy in flight's reference. Exact values, both managers alike (mutants-r30:
-each test kills a mutant the side-by-side streams let survive). Needs vllm."""
+scheduled ones, a whole sequence that fits to the last block, the hash lengths and pool
+size vLLM's block objects read, and a copy in flight's reference. Exact values, both
+managers alike (mutants-r30: each test kills a mutant the side-by-side streams let
+survive). Needs vllm."""
 
 from __future__ import annotations
 
