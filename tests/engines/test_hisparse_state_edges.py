@@ -98,3 +98,15 @@ def test_a_page_confirmed_past_a_restore_in_flight_is_published_with_it() -> Non
     assert s.report({0: 1, 2: 1}, {0: 1, 2: 1}) == [0, 2]
     assert [len(found) for found in s.lookup(HASHES, 32)] == [5, 5]
     s.check_invariants()
+
+
+def test_a_hit_stops_at_the_first_host_page_evicted() -> None:
+    """"a"'s 4 pages published (host blocks 1-4), then host block 2 (page 1) evicted: the
+    hit is page 0 alone, never pages 2 and 3 read as pages 1 and 2 (a wrong KV).
+    (mutants-r30: the lookup going on past a page it does not find.)"""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    s.evict([2], "host")
+    host, indexer = s.lookup(HASHES, 32)
+    assert ([b.block_id for b in host], [b.block_id for b in indexer]) == ([1], [1])
+    s.check_invariants()
