@@ -100,13 +100,15 @@ def test_a_page_confirmed_past_a_restore_in_flight_is_published_with_it() -> Non
     s.check_invariants()
 
 
-def test_a_hit_stops_at_the_first_host_page_evicted() -> None:
-    """"a"'s 4 pages published (host blocks 1-4), then host block 2 (page 1) evicted: the
-    hit is page 0 alone, never pages 2 and 3 read as pages 1 and 2 (a wrong KV).
-    (mutants-r30: the lookup going on past a page it does not find.)"""
+@pytest.mark.parametrize(("pool", "hit"), [("host", ([1], [1])), ("device", ([1, 2, 3, 4], [1]))])
+def test_a_hit_stops_at_the_first_page_evicted(pool: str, hit: tuple[list[int], list[int]]) -> None:
+    """"a"'s 4 pages published (host and indexer blocks 1-4), then block 2 (page 1) of one
+    pool evicted: the host hit, or the indexer's (the hit's length), stops at page 0, never
+    pages 2 and 3 read as pages 1 and 2 (a wrong KV). (mutants-r30: the lookup going on
+    past a page it does not find.)"""
     s = _cache()
     assert _hit(s) == (4, 4)
-    s.evict([2], "host")
+    s.evict([2], pool)
     host, indexer = s.lookup(HASHES, 32)
-    assert ([b.block_id for b in host], [b.block_id for b in indexer]) == ([1], [1])
+    assert ([b.block_id for b in host], [b.block_id for b in indexer]) == hit
     s.check_invariants()
