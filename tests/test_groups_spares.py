@@ -206,3 +206,13 @@ def test_check_invariants_finds_an_entry_whose_block_names_another_prefix():
     block.content_id = pid + 1000
     with pytest.raises(InvariantError, match=f"entry {pid} -> .* does not match the block"):
         m.check_invariants()
+
+
+def test_check_invariants_finds_a_block_with_a_key_but_no_prefix():
+    m = twins(12)
+    m.add_request("c", [9, 9])  # (its block holds 2 tokens: no prefix)
+    block = m._pool.blocks[m.get_block_ids("c")[0][0]]
+    assert block.key is None and m._index.nodes[block.block_id] is None
+    block.key = b"x" * 16  # (corrupted here on purpose)
+    with pytest.raises(InvariantError, match=f"block {block.block_id}: key .* but prefix None"):
+        m.check_invariants()
