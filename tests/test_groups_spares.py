@@ -216,3 +216,11 @@ def test_check_invariants_finds_a_block_with_a_key_but_no_prefix():
     block.key = b"x" * 16  # (corrupted here on purpose)
     with pytest.raises(InvariantError, match=f"block {block.block_id}: key .* but prefix None"):
         m.check_invariants()
+
+
+def test_check_invariants_finds_a_prefix_whose_spares_are_listed_empty():
+    m = twins(12)
+    pid = next(iter(m._index.twins[0]))
+    m._index.twins[0][pid] = []  # (corrupted here on purpose)
+    with pytest.raises(InvariantError, match=f"spares \\[\\] of prefix {pid}, which it does not find"):
+        m.check_invariants()

@@ -172,8 +172,8 @@ def test_caller_mistakes_raise_before_any_change() -> None:
     assert row.plan(3, 1) == [0]
     for call in (lambda: row.confirm(1), lambda: row.unpin(0), lambda: row.lose(0), lambda: row.state(4),
                  lambda: row.plan(5, 1), lambda: row.plan(1, -1), lambda: row.grow(-1),
-                 lambda: row.start_host(2), lambda: row.adopt(1)):  # (a hit starts an empty row;
-            # only a HOST page adopts a GPU copy: mutants-r30)
+                 lambda: row.start_host(2), lambda: row.adopt(1), lambda: row.asks_for_hot(-1, 1, 1)):
+        # (a hit starts an empty row; only a HOST page adopts a GPU copy: mutants-r30)
         with pytest.raises(RequestError):
             call()
         assert [row.state(p) for p in range(4)] == [IN_FLIGHT, DIRTY, DIRTY, DIRTY] and row.ready == 0
