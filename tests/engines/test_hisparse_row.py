@@ -188,6 +188,12 @@ def test_caller_mistakes_raise_before_any_change() -> None:
     with pytest.raises(RequestError, match="may not be unpinned"):
         row.unpin(3)
     assert row.state(3) == CLEAN
+    for call, what in ((lambda: row.unpin(1), "unpin page 1: it is IN_FLIGHT"),
+                       (lambda: row.restore(0), "restore page 0: it is CLEAN"),
+                       (lambda: row.restored(0), "restored page 0: it is CLEAN")):
+        with pytest.raises(RequestError, match=what):  # (mutants-r30)
+            call()
+    assert [row.state(p) for p in range(4)] == [CLEAN, IN_FLIGHT, IN_FLIGHT, CLEAN]
 
 
 def test_check_invariants_finds_a_broken_row() -> None:
