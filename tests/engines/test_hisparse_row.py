@@ -212,6 +212,9 @@ def test_check_invariants_finds_a_broken_row() -> None:
     row._states[2] = UNPINNED
     with pytest.raises(InvariantError, match="among the last"):
         row.check_invariants()
+    row._states[2] = "DIRTY"  # (not a PageState: mutants-r30)
+    with pytest.raises(InvariantError, match="unknown page state"):
+        row.check_invariants()
 
 
 def test_spills_refuse_caller_mistakes_before_any_change_and_ignore_stale_reports() -> None:
