@@ -112,3 +112,28 @@ def test_a_hit_stops_at_the_first_page_evicted(pool: str, hit: tuple[list[int], 
     host, indexer = s.lookup(HASHES, 32)
     assert ([b.block_id for b in host], [b.block_id for b in indexer]) == hit
     s.check_invariants()
+
+
+def test_a_hit_adopts_the_copies_that_survive_past_a_page_whose_copy_is_lost() -> None:
+    """"a" publishes 4 pages (copies 5-8), "c" the first 2 again (its copies 11-12 take
+    their place). c freed and its blocks reused by another user: pages 0-1 have no GPU
+    copy left, pages 2-3 keep a's. a freed; "b" hits the 4 pages and at its first step
+    adopts 7 and 8 for pages 2-3, reading 0-1 from host. (mutants-r30: the adoption
+    stopping at the first page without a copy.)"""
+    s = _cache()
+    for key, tokens in (("a", 16), ("c", 8)):
+        assert s.allocate(key, tokens)
+        s.cache(key, tokens, HASHES)
+        s.advance(key, tokens)
+        sent = [tid for tid, _, _ in s.take_copies()]
+        s.report(dict.fromkeys(sent, 1), dict.fromkeys(sent, 1))
+    assert sorted(b.block_id for b in s.copies.values()) == [7, 8, 11, 12]
+    s.free("c", finished=True)
+    s.device.free(s.device.take(s.device.num_free))  # (another user's, given back)
+    assert sorted(b.block_id for b in s.copies.values()) == [7, 8]
+    s.free("a", finished=True)
+    host, indexer = s.lookup(HASHES, 32)
+    assert s.admit("b", 20, HASHES, host, indexer)
+    s.advance("b", 20)
+    assert s.request("b")[2] == [0, 0, 7, 8, 14]
+    s.check_invariants()
