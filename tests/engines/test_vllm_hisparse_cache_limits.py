@@ -16,12 +16,10 @@ from . import skip_module_without_vllm
 
 skip_module_without_vllm()
 
-from vllm.v1.hisparse.coordinator import get_hisparse_coordinator  # noqa: E402
-
 from .hisparse_model import BS, MAX_LEN  # noqa: E402
 from .test_vllm_block_sizes_reference import _request  # noqa: E402
 from .test_vllm_hisparse import hisparse_config, vllm_manager  # noqa: E402
-from .test_vllm_hisparse_cache_edges import _none_hash, _published  # noqa: E402,F401
+from .test_vllm_hisparse_cache_edges import _computed, _none_hash, _published  # noqa: E402,F401
 from .test_vllm_hisparse_manager import _plugin_manager  # noqa: E402
 
 SIDES = pytest.mark.parametrize("side", ["vllm", "prefixkv"])
@@ -91,12 +89,7 @@ def test_a_copy_in_flight_counts_a_reference_on_its_device_block(side: str) -> N
     one; once confirmed, one again."""
     cfg, kw = hisparse_config(32, 16), {"max_model_len": MAX_LEN, "enable_caching": True}
     m = vllm_manager(cfg, **kw) if side == "vllm" else _plugin_manager(cfg, **kw)
-    seam = get_hisparse_coordinator(m)
-    first = _request("first", list(range(64)), BS)
-    m.allocate_slots(first, 64)
-    seam.advance_scheduled([("first", 64)])
-    first.num_computed_tokens = 64
-    sent = [t.transfer_id for t in seam.build_offload_command().page_transfers]
+    seam, _, sent = _computed(m)
     assert m.get_block_ids("first") == ([1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [])
     assert [b.ref_cnt for b in m.block_pool.blocks[:10]] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 0]
     seam.update_spills(dict.fromkeys(sent, 1), dict.fromkeys(sent, 1))
