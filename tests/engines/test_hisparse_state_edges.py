@@ -137,3 +137,21 @@ def test_a_hit_adopts_the_copies_that_survive_past_a_page_whose_copy_is_lost() -
     s.advance("b", 20)
     assert s.request("b")[2] == [0, 0, 7, 8, 14]
     s.check_invariants()
+
+
+def test_a_hit_shorter_on_the_indexer_takes_the_host_blocks_of_its_own_pages_only() -> None:
+    """"a"'s 4 pages published, then the indexer's page 3 (block 4) evicted: the lookup
+    answers 4 host blocks and 3 indexer blocks; "b" admitted with them reads host blocks
+    1-3 and takes new ones (5, 6) for pages 3-4, never host block 4 of the longer host
+    hit. The last block of each pool may be named in an eviction (it holds nothing here).
+    (mutants-r30: the host blocks cut one past the hit; the eviction's bound.)"""
+    s = _cache()
+    assert _hit(s) == (4, 4)
+    s.evict([4], "device")
+    host, indexer = s.lookup(HASHES, 32)
+    assert ([b.block_id for b in host], [b.block_id for b in indexer]) == ([1, 2, 3, 4], [1, 2, 3])
+    assert s.admit("b", 20, HASHES, host, indexer)
+    assert s.request("b")[:3] == ([1, 2, 3, 5, 6], [1, 2, 3, 4, 9], [0, 0, 0, 10, 11])
+    s.evict([31], "device")
+    s.evict([31], "host")
+    s.check_invariants()
