@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tree_import import import_tree  # noqa: E402
-from vllm_side import BS, vllm_manager, vllm_request  # noqa: E402
+from vllm_side import BS, vllm_manager, vllm_request, vllm_step  # noqa: E402
 
 CLOCK = time.thread_time_ns
 OURS = "prefixkv"
@@ -43,8 +43,6 @@ def load(src: str) -> tuple[Any, Any, Any]:
 
 def replay(side: Any, pub: Any, requests: Any, pool: int) -> float:
     """µs a step of ``requests`` on a fresh manager (``side``: a tree's, or None: vLLM)."""
-    from vllm.distributed.kv_events import KVEventBatch
-
     m = vllm_manager(True, pool) if side is None else side[0](
         pool, BS, seed=0, enable_events=True, max_events=1 << 20)
     gc.collect()
@@ -54,12 +52,7 @@ def replay(side: Any, pub: Any, requests: Any, pool: int) -> float:
         if side is None:
             req = vllm_request(q.rid, list(q.prompt))  # (its input thread's, untimed)
             t0 = CLOCK()
-            blocks, hit, *_ = m.get_computed_blocks(req)
-            m.allocate_slots(req, len(q.prompt) - hit, num_new_computed_tokens=hit,
-                             new_computed_blocks=blocks)
-            events = m.take_events()
-            if events:
-                pub.publish(KVEventBatch(ts=time.time(), events=events))
+            vllm_step(m, req, pub)
             total += CLOCK() - t0
             m.free(req)
         else:

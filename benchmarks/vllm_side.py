@@ -7,7 +7,11 @@ scripts that import it put the prefixkv they measure on the path first.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import torch
+from vllm.distributed.kv_events import KVEventBatch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import xxhash
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
@@ -35,3 +39,18 @@ def vllm_request(rid: str, tokens: list[int]) -> Request:
     """The ``Request`` vLLM's input thread builds (its blocks hashed here, xxhash, as
     ``--prefix-caching-hash-algo xxhash``)."""
     return Request(rid, tokens, SAMPLING, None, block_hasher=HASHER)
+
+
+def vllm_step(m: VllmManager, req: Request, pub: Any) -> tuple[int, int]:
+    """What vLLM's scheduler does for a new request with KV events on:
+    ``get_computed_blocks``, ``allocate_slots`` for the rest of the prompt, and the
+    step's ``take_events()`` published as one ``KVEventBatch`` to ``pub`` (its
+    ``ZmqEventPublisher``; nothing when no event). Returns the hit in tokens and the
+    events taken."""
+    blocks, hit, *_ = m.get_computed_blocks(req)
+    m.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit,
+                     new_computed_blocks=blocks)
+    events = m.take_events()
+    if events:
+        pub.publish(KVEventBatch(ts=time.time(), events=events))
+    return hit, len(events)

@@ -1,8 +1,9 @@
-"""``claim`` compares a run's token bytes with the prompt's in one of two ways
-(``index/content.py``, ``_COPIED``): a short run as a slice of the prompt's bytes, a long
-one with ``startswith`` at an offset. Either way a run the prompt agrees with is taken
-whole (no cut, no tail run made), and a run the prompt parts from, or is cut short of
-(the hit's limit), is cut where the prompt stops agreeing with it."""
+"""``claim`` compares a run's token bytes with the prompt's at an offset
+(``index/content.py``; until events-r30 a run of fewer than 64 blocks of 16 tokens was
+compared with a slice of the prompt's bytes, a longer one at an offset: both lengths
+stay here). A run the prompt agrees with is taken whole (no cut, no tail run made), and
+a run the prompt parts from, or is cut short of (the hit's limit), is cut where the
+prompt stops agreeing with it."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from typing import Any
 import pytest
 
 from prefixkv import KVCacheManager
-from prefixkv.index.content import _COPIED
 
 BS = 16
-SHORT = _COPIED // (4 * BS)  # runs of fewer blocks are compared as a slice
+SHORT = 64  # (runs of fewer blocks were compared as a slice: 4 KiB of token bytes)
 
 
 def stored(m: KVCacheManager, blocks: int) -> tuple[list[int], Any, tuple[int, ...]]:

@@ -3,7 +3,9 @@ by hand with exact values: hash block 2, full attention at 2, Mamba at 4 with vL
 fine-grained partial hits (tests/test_groups_partial.py's layout), L = 1 and 2. A Mamba
 state or a block at a boundary is found only by a prompt whose L tokens after it are
 those of the request that computed it; blocks whose L tokens are not known yet get their
-prefix ids once ``know_tokens`` brings them; and what is refused, by name."""
+prefix ids once ``know_tokens`` brings them; full attention's partial entry inside a block
+larger than the hash block moves up with them (its own layout); and what is refused, by
+name."""
 
 import pytest
 
@@ -101,6 +103,32 @@ def test_what_lookahead_keys_refuse(options, message):
         HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True), **options)
     with pytest.raises(ConfigError, match="different block sizes"):  # (the one-size manager)
         HybridKVCacheManager([full_attention(), mamba()], 20, 4, hash_lookahead_tokens=1)
+
+
+def test_full_attentions_partial_entry_moves_up_as_the_tokens_after_the_prompt_become_known():
+    # full attention at 8 beside Mamba at 16 (hash 4), L = 2, a prompt of 13: keyed with
+    # it, 2 hash blocks ((13 - 2) // 4), so full attention's partial tail (vLLM's
+    # min((p - 1) // h, len(block_hashes)) * h) is at 8, a block end: no entry. A sampled
+    # token known, 3 hash blocks: the entry at 12 = (13 - 1) // 4 * 4 goes into full
+    # attention's block 1. Mamba's state stays at (13 - 2) // 4 * 4 = 8, where the first
+    # step ended, so the hit is 8 and full attention alone finds 12
+    sizes = BlockSizes.of([8, 16], hash_size=4, partial=True)
+    m = HybridKVCacheManager([full_attention(), mamba()], 40, sizes, hash_mode="sha256",
+                             hash_lookahead_tokens=2)
+    prompt = list(range(13))
+    reader = prompt + [50, 99, 98, 97]
+    m.add_request("a", prompt, num_new_tokens=8)
+    m.extend("a", 5)
+    m.check_invariants()
+    assert (m.lookup(reader), m.lookup_per_group(reader)[0]) == (8, 8)
+    m.append_tokens("a", [50])
+    m.know_tokens("a", prompt + [50])
+    m.check_invariants()
+    assert (m.lookup(reader), m.lookup_per_group(reader)[0]) == (8, 12)
+    assert m.lookup_per_group(prompt + [51, 99, 98, 97])[0] == 8  # (another token there: not its entry)
+    m.free("a")
+    m.check_invariants()
+    assert (m.lookup(reader), m.lookup_per_group(reader)[0]) == (8, 12)
 
 
 def test_know_tokens_without_lookahead_finds_the_request_and_changes_nothing():

@@ -155,7 +155,7 @@ class MambaMachine(HybridMachine):
     def no_group_reads_kv_it_does_not_hold(self):
         for rid in self.tokens:
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
-                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
+                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS) + spec.ahead
                 n, t = self.scheduled[rid], self.taint[rid]
                 if spec.sparse:  # the state at the scheduled end, in the block of its last position
                     assert not n or (t is not None and n > t) or \
@@ -169,6 +169,35 @@ class MambaMachine(HybridMachine):
 
 TestMambaMachine = MambaMachine.TestCase
 TestMambaMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class MambaAheadMachine(MambaMachine):
+    """``MambaMachine`` with blocks ahead in the Mamba group (``mamba(ahead=2)``: vLLM's
+    speculative blocks in align mode, groups/spec_states.py): after every step the
+    worker writes draft states into them, so a hit or a step that read one (before a
+    step made it a state block and wrote its state) reads a draft, never the state."""
+
+    groups = (full_attention(), mamba(ahead=2))
+    num_blocks = 24
+
+    def _forward(self, rid, start, stop):
+        super()._forward(rid, start, stop)
+        for g, ids in enumerate(self.m.get_block_ids(rid)):
+            for b in ids[len(ids) - self.groups[g].ahead:]:
+                assert b != self.null, (rid, g, ids)
+                self.kv[b][0] = ("draft", rid, stop)
+
+
+class MambaFirstAheadMachine(MambaAheadMachine):
+    """The Mamba group first (its table's length measures growth), one block ahead."""
+
+    groups = (mamba(ahead=1), full_attention())
+
+
+TestMambaAheadMachine = MambaAheadMachine.TestCase
+TestMambaAheadMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+TestMambaFirstAheadMachine = MambaFirstAheadMachine.TestCase
+TestMambaFirstAheadMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
 
 
 def test_lookup_per_group_with_peek_counts_the_prompts_last_full_block():
@@ -186,10 +215,17 @@ def test_lookup_per_group_with_peek_counts_the_prompts_last_full_block():
     m.check_invariants()
 
 
-def test_lookup_per_group_with_peek_is_refused_with_different_block_sizes():
+def test_lookup_per_group_with_peek_walks_one_block_past_the_cap_with_different_block_sizes():
+    # full attention at 4 beside a window of 8 at 8 (hash 4), 24 tokens computed whole:
+    # a lookup of the same 24 tokens stops at the cap, 23 (full attention 20, the window
+    # 16); with peek (vLLM's EAGLE: the plug-in's junction, mamba.py) it walks one
+    # largest block past the cap: 24 in both. Before session 30: ConfigError.
     from prefixkv.groups import BlockSizes
 
     m = HybridKVCacheManager([full_attention(), sliding_window(8)], 40, BlockSizes.of((4, 8)))
-    with pytest.raises(ConfigError, match="one block size"):
-        m.lookup_per_group(list(range(20)), peek=True)
-    assert m.lookup_per_group(list(range(20))) == (0, 0)
+    assert m.lookup_per_group(list(range(20)), peek=True) == (0, 0)
+    assert m.add_request("a", list(range(24))) is not None
+    m.free("a")
+    assert m.lookup_per_group(list(range(24))) == (20, 16)
+    assert m.lookup_per_group(list(range(24)), peek=True) == (24, 24)
+    m.check_invariants()

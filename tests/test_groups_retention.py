@@ -10,11 +10,11 @@ from prefixkv.groups import BlockSizes, GroupSpec, HybridKVCacheManager, full_at
 from prefixkv.groups.events import GroupBlockStored
 
 
-def _stored_windows(retention, prompt, junction=0, first=None):
-    """The window blocks (group 1) a full32 + window8@8 manager (hash 8, lcm 32) records
-    for a prompt computed whole."""
+def _stored_windows(retention, prompt, junction=0, first=None, peek=()):
+    """The window blocks (group 1) a full32 + window8@8 manager (hash 8, lcm 32; ``peek``:
+    vLLM's EAGLE groups) records for a prompt computed whole."""
     m = HybridKVCacheManager([full_attention(), sliding_window(8, retention=retention)], 100,
-                             BlockSizes.of([32, 8]), hash_mode="sha256", enable_events=True)
+                             BlockSizes.of([32, 8], peek=peek), hash_mode="sha256", enable_events=True)
     if first is not None:
         assert m.add_request("first", first) is not None
         m.take_events()
@@ -42,6 +42,19 @@ def test_a_junction_keeps_its_tail_too():
     assert _stored_windows(None, prompt, junction=64) == {3, 7, 11, 15}
 
 
+def test_beside_eagle_a_peeking_windows_tails_move_one_block_up():
+    """vLLM's EAGLE (the window peeking: ``reachable_block_mask``'s shift): a 128-token
+    prompt's replay boundaries are 64 and 96 (one 32-token block below 127's and 128's
+    last boundary), each kept with the window's tail (one block) and the block past it:
+    7, 8 and 11, 12; a 64-token segment's end adds 15 (16 lies past what the prompt
+    caches); a junction at 64 adds the tail one block below it (56, rounded down to 32:
+    3, 4)."""
+    prompt = [i for i in range(16) for _ in range(8)]
+    assert _stored_windows(0, prompt, peek=(False, True)) == {7, 8, 11, 12}
+    assert _stored_windows(64, prompt, peek=(False, True)) == {7, 8, 11, 12, 15}
+    assert _stored_windows(0, prompt, junction=64, peek=(False, True)) == {3, 4, 7, 8, 11, 12}
+
+
 @pytest.mark.parametrize("spec", [
     dict(kind="sliding_window", tokens=8, retention=-1),
     dict(kind="sliding_window", tokens=8, retention=True),
@@ -59,7 +72,6 @@ def test_a_retention_but_a_cached_windows_int_at_least_0_is_a_config_error(spec)
 @pytest.mark.parametrize(("sizes", "retention", "words"), [
     (BlockSizes.of([16, 16], peek=(False, True)), 0, "without peek"),  # (one size: served, not with peek)
     (16, 24, "multiple of align 16"),
-    (BlockSizes.of([32, 8], peek=(False, True)), 0, "without peek"),
     (BlockSizes.of([32, 8]), 48, "multiple of align 32"),
 ])
 def test_a_retention_where_it_is_not_served_is_a_config_error(sizes, retention, words):

@@ -14,11 +14,13 @@ def test_ahead_is_a_sliding_windows_count():
     for bad in (-1, True, 1.0, "2"):
         with pytest.raises(ConfigError, match="ahead=an int >= 0"):
             sliding_window(2, ahead=bad)
-    with pytest.raises(ConfigError, match="ahead=0 \\(sliding windows only hold blocks ahead\\)"):
+    with pytest.raises(ConfigError, match="ahead=0 \\(sliding windows and Mamba only hold blocks ahead\\)"):
         GroupSpec("full_attention", ahead=1)
     with pytest.raises(ConfigError, match="ahead=0"):
-        GroupSpec("mamba", ahead=2)
-    assert mamba().ahead == 0
+        GroupSpec("chunked_local_attention", 4, ahead=2)
+    assert mamba().ahead == 0 and mamba(ahead=2).ahead == 2 == GroupSpec("mamba", ahead=2).ahead
+    with pytest.raises(ConfigError, match="mamba group takes ahead=an int >= 0"):
+        mamba(ahead=-1)
 
 
 def test_a_window_first_keeps_its_blocks_ahead_as_tokens_come_one_by_one():
@@ -102,3 +104,36 @@ def test_a_prompt_whose_blocks_ahead_never_fit_is_too_long_at_two_sizes():
     with pytest.raises(PromptTooLongError):
         m.add_request("a", list(range(9)))
     assert m.add_request("b", list(range(8))) is not None and m.num_free_blocks == 0
+
+
+def test_a_mamba_group_moves_its_blocks_ahead_as_vllms_align_mode():
+    # full attention and Mamba at 4, Mamba with 2 blocks ahead: 4 tokens, 4, then 32
+    # (the state jumps 8 entries: both blocks ahead move to the end, one fresh block
+    # after them), then one token (one more entry: the first block ahead becomes the
+    # state, one fresh block); never cached before they hold a state
+    m = HybridKVCacheManager([full_attention(), mamba(ahead=2)], 40, 4)
+    tokens = list(range(41))
+    assert [list(t) for t in m.add_request("a", tokens[:40], num_new_tokens=4).group_block_ids] == \
+        [[1], [2, 3, 4]]
+    m.extend("a", 4)
+    assert [list(t) for t in m.get_block_ids("a")] == [[1, 5], [2, 3, 4, 6]]
+    m.extend("a", 32)
+    assert list(m.get_block_ids("a")[1]) == [0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 6, 15]
+    m.check_invariants()
+    m.append_tokens("a", [tokens[40]])
+    assert list(m.get_block_ids("a")[1]) == [0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 6, 15, 17]
+    m.check_invariants()
+    m.free("a")
+    assert m.num_free_blocks == 39
+
+
+def test_lookahead_slots_beside_blocks_ahead_at_different_sizes_are_refused():
+    sizes = BlockSizes.of([4, 8], 4)
+    m = HybridKVCacheManager([full_attention(), mamba(ahead=1)], 40, sizes)
+    with pytest.raises(ConfigError, match="lookahead slots .* blocks ahead"):
+        m.add_request("a", list(range(10)), num_lookahead_tokens=2)
+    assert m.num_free_blocks == 39
+    m.add_request("a", list(range(10)))
+    with pytest.raises(ConfigError, match="lookahead slots"):
+        m.reserve("a", 3)
+    m.check_invariants()

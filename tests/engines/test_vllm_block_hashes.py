@@ -190,7 +190,9 @@ def test_the_map_answers_by_hash_and_group_and_refuses_writes():
     assert cached.get_one_block(key).block_id == 2
     assert cached.contain(key, 2) and not cached.contain(key, 1)
     assert cached.get_one_block(make_block_hash_with_group_id(r.block_hashes[1], 1)) is None
-    for write in (lambda: cached.pop(key, 2), lambda: cached.insert(key, None), lambda: cached._cache):
+    # (``_cache`` reads, as a read-only snapshot: cache_map.py; its writes are refused)
+    for write in (lambda: cached.pop(key, 2), lambda: cached.insert(key, None),
+                  lambda: cached._cache.pop(key)):
         with pytest.raises(UnsupportedByPrefixKV, match="read-only"):
             write()
     with pytest.raises(RequestError, match="group id"):

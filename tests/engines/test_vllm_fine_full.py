@@ -44,6 +44,24 @@ def same_block_hashes(sides: Sides) -> None:
     assert got[0] == got[1]
 
 
+def same_hits_per_group(sides: Sides, tokens: list[int]) -> None:
+    """vLLM's ``coordinator.find_longest_cache_hit_per_group`` gives the same blocks and
+    hits on both sides for the block hashes of a request of ``tokens``, under caps from
+    none to past its hashes (each group alone: a Mamba group's longest state within the
+    cap, full attention's run of whole blocks and the partial entry after it)."""
+    got = []
+    for m in sides.ms:
+        r = sides.make_request(m, f"per{sides.serial}", tokens)  # (kept alive while asked)
+        if hasattr(m, "prepared_prompts"):  # (as if built with the plug-in's block hasher)
+            m.prepared_prompts.note(r)
+        top = len(r.block_hashes) * sides.h
+        per_group = m.coordinator.find_longest_cache_hit_per_group
+        got.append([(hits, [[b.block_id for b in g] for g in blocks])
+                    for cap in sorted({0, sides.h, top // 2, max(0, top - 1), top, top + sides.h})
+                    for blocks, hits in [per_group(r.block_hashes, cap)]])
+    assert got[0] == got[1], got
+
+
 def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int], hashes: bool = False,
          events: bool = False) -> None:
     """``ops`` on both sides (the pool large, or a little over one longest request:
@@ -59,6 +77,9 @@ def _run(groups: Any, small: bool, h: int | None, ops: Any, probe: list[int], ha
             sides.same_events(groups)
         if h is None or hashes:
             same_block_hashes(sides)
+        for r in sides.reqs[0].values():
+            same_hits_per_group(sides, list(r.all_token_ids) + [0])
+        same_hits_per_group(sides, probe)
     sides.drive(ops, probe, each)
 
 

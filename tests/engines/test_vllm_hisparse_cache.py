@@ -48,7 +48,8 @@ OP = st.one_of(  # (admissions, confirmations and frees weighed up: hits need al
     st.tuples(st.just("free"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("reset"), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("take"), st.integers(1, 8), st.just(0), st.integers(0, 1)),
-    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)))
+    st.tuples(st.just("give_back"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("pop"), st.integers(0, 2), st.just(0), st.just(0)))
 OPS = st.lists(OP, min_size=12, max_size=50)
 
 
@@ -109,7 +110,10 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     fit, 2: with 2 reserved blocks); ``decode`` one token after ``n`` output tokens;
     ``confirm`` the copies of mask ``a`` (two workers, one completing, when ``f``);
     ``free`` slot ``a``, finished when ``n`` else preempted; ``reset``; another user's
-    ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took."""
+    ``take`` of ``a`` blocks (host blocks when ``f``), ``give_back`` of all it took;
+    ``evict`` the hash of slot ``a``'s indexer page ``n`` (its host page when ``f``),
+    held (a later hit stops there, the host hit may outlast it); ``pop`` slot ``a``'s blocks
+    (finished), given back with the other user's at ``give_back``."""
     from vllm.v1.request import RequestStatus
 
     kw = {"max_model_len": MAX_LEN, "max_in_flight_tokens": in_flight, "enable_caching": True,
@@ -122,6 +126,8 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
     live: list[bool] = [False, False, False]
     loading = [0, 0, 0]  # (an external load pending, its pages unwritten: 1 asynchronous, 2 synchronous)
     seen: set[str] = set()
+    starts: dict[str, int] = {}  # (a load's request -> the hit's tokens it follows)
+    popped: list[list[Any]] = [[], []]  # (per side: blocks pop_blocks_for_free handed out)
     taken: dict[int, list[list[Any]]] = {0: [[], []], 1: [[], []]}  # device (0), host (1): per side
     for i, (op, a, n, f) in enumerate(ops):
         if op == "admit" and not live[a]:
@@ -130,6 +136,7 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), (op, a, f)
             blocks, hit, _ = hits[0]
             n = min(n, req.num_tokens - hit)
+            _counts(sides, req, hits, hit, 0, hit + n)
             args = [dict(num_new_computed_tokens=hit, new_computed_blocks=h[0]) if hit else {} for h in hits]
             got1 = sides[1].allocate_slots(req, n, **args[1])
             got0 = sides[0].allocate_slots(req, n, **args[0])
@@ -147,13 +154,15 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                     seen.add("shared")
         elif op == "load" and not live[a]:
             reqs[a] = _request(f"q{a}-{i}", _prompt(a, f), BS)
-            loading[a] = _load(sides, written, reqs[a], n, f, seen)
+            loading[a] = _load(sides, written, reqs[a], n, f, seen, starts)
             live[a] = bool(loading[a])
             if loading[a] == 2:  # (a synchronous load ends within its step, before any lookup)
-                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen)
+                live[a] = _finish(sides, coordinators, written, reqs[a], int(n % 5 == 0), True, seen,
+                                  starts[reqs[a].request_id])
                 loading[a] = 0
         elif op == "finish" and loading[a]:
-            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen)
+            live[a] = _finish(sides, coordinators, written, reqs[a], n % 2, loading[a] == 2, seen,
+                              starts[reqs[a].request_id])
             loading[a] = 0
         elif op in ("step", "decode") and live[a] and not loading[a]:
             req = reqs[a]
@@ -167,6 +176,12 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 _stepped(sides, coordinators, written, req, got[0], got[1], req.num_computed_tokens + n,
                          req.num_computed_tokens)
             seen.add("stepped" if got[0] is not None else "refused")
+        elif op == "evict" and live[a] and not loading[a]:  # (a held page's hash dropped: host when f)
+            ids = sides[0].get_block_ids(reqs[a].request_id)[0 if f else 1]
+            if ids:
+                for pool in _pools(sides, coordinators, f):
+                    pool.evict_blocks({ids[n % len(ids)]})
+                seen.add("host evicted" if f else "indexer evicted")
         elif op == "confirm":
             confirm(coordinators, a, f)
         elif op == "free" and live[a]:
@@ -176,6 +191,10 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
             seen.add("freed loading") if loading[a] else None
             live[a], loading[a] = False, 0
             seen.add("freed finished" if n else "freed preempted")
+        elif op == "pop" and live[a] and not loading[a]:  # (finished; its blocks held till given back)
+            reqs[a].status = RequestStatus.FINISHED_STOPPED
+            _pop(sides, reqs[a], popped, seen)
+            live[a] = False
         elif op == "reset":
             done = sides[0].reset_prefix_cache()
             assert sides[1].reset_prefix_cache() == done
@@ -196,6 +215,9 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
                 for side, pool in enumerate(_pools(sides, coordinators, h)):
                     pool.free_blocks(taken[h][side])
                 taken[h] = [[], []]
+            for side, m in enumerate(sides):
+                m.block_pool.free_blocks(reversed(popped[side]))
+            popped = [[], []]
         _compare(sides, coordinators, [r for r, on in zip(reqs, live, strict=True) if on], written,
                  [r.request_id for r, on in zip(reqs, loading, strict=True) if on])
         sides[1].state.check_invariants(list(sides[1].block_pool.taken.values()),
@@ -203,6 +225,48 @@ def side_by_side(num_blocks: int, host_blocks: int, in_flight: int, reprefill: i
         if coordinators[0].copies:
             seen.add("copies")
     return seen
+
+
+def _counts(sides: Any, req: Any, hits: Any, hit: int, ext: int, tokens: int) -> None:
+    """Each side's read-only count of blocks for new request ``req`` with the hit ``hits``
+    (the host hit cut as allocate_slots cuts it) and ``ext`` external tokens, to cover
+    ``tokens`` tokens and the whole request (capped): the coordinator's and each group's."""
+    if not hit:
+        return
+    answers = []
+    for m, h in zip(sides, hits, strict=True):
+        cut = (h[0].blocks[0][:-(-(hit + ext) // BS)], *h[0].blocks[1:])
+        c, got = m.coordinator, []
+        for num, cap in ((tokens, False), (min(req.num_tokens, MAX_LEN), True)):
+            got.append(c.get_num_blocks_to_allocate(
+                request_id=req.request_id, num_tokens=num, new_computed_blocks=cut, num_encoder_tokens=0,
+                total_computed_tokens=hit + ext, num_local_computed_tokens=hit, num_tokens_main_model=num,
+                apply_admission_cap=cap))
+            got += [g.get_num_blocks_to_allocate(req.request_id, num, cut[i], hit + ext, hit, num, cap)
+                    for i, g in enumerate(c.single_type_managers)]
+        answers.append(got)
+    assert answers[1] == answers[0], (hit, ext, tokens)
+
+
+def _pop(sides: Any, req: Any, popped: list[list[Any]], seen: set[str]) -> None:
+    """``pop_blocks_for_free`` of ``req`` on both sides (its blocks kept in ``popped``
+    till ``give_back``); where prefixkv refuses it by name (a page copied or read from
+    host), nothing changed there, and both free it instead."""
+    ours = sides[1]
+    before = ours.get_block_ids(req.request_id), ours.block_pool.get_num_free_blocks()
+    try:
+        got1 = ours.pop_blocks_for_free(req)
+    except UnsupportedByPrefixKV:
+        assert (ours.get_block_ids(req.request_id), ours.block_pool.get_num_free_blocks()) == before
+        for m in sides:
+            m.free(req)
+        seen.add("pop refused")
+        return
+    got0 = sides[0].pop_blocks_for_free(req)
+    assert [b.block_id for b in got1] == [b.block_id for b in got0]
+    popped[0] += got0
+    popped[1] += got1
+    seen.add("popped")
 
 
 def _pools(sides: Any, coordinators: Any, host: int) -> list[Any]:
@@ -220,44 +284,49 @@ def _stepped(sides: Any, coordinators: Any, written: Any, req: Any, got0: Any, g
     req.num_computed_tokens = total
 
 
-def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str]) -> int:
-    """A new request's external load of ``n`` tokens (its whole prompt at most) as its first
-    allocation, asynchronous (caching delayed) unless ``f`` >= 6, where the lookup finds no hit (a hit
-    beside a load: prefixkv refuses it by name, nothing changed); 0 unless admitted, 1
-    asynchronous, 2 synchronous."""
+def _load(sides: Any, written: Any, req: Any, n: int, f: int, seen: set[str], starts: dict[str, int]) -> int:
+    """A new request's external load of ``n`` tokens (to its whole prompt at most) as its
+    first allocation, past the hit the lookup finds (none, or a hit: the host hit kept up
+    to the load's pages), asynchronous (caching delayed) unless ``f`` >= 6, under the
+    full-sequence gate when ``n % 3 == 0`` and with 2 reserved blocks when ``n % 4 == 0``; 0 unless
+    admitted, 1 asynchronous, 2 synchronous. ``starts``: request id -> its hit's tokens
+    (where the load's pages begin)."""
     from vllm.v1.request import RequestStatus
 
     hits = [m.get_computed_blocks(req) for m in sides]
     assert (_ids(hits[1][0]), hits[1][1:]) == (_ids(hits[0][0]), hits[0][1:]), ("load", n)
-    ext = min(n, req.num_tokens)
-    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6)  # (else synchronous)
-    if hits[0][1]:
-        before = _free_counts(sides[1])
-        with pytest.raises(UnsupportedByPrefixKV, match="external"):
-            sides[1].allocate_slots(req, 0, num_new_computed_tokens=hits[1][1],
-                                    new_computed_blocks=hits[1][0], **args)
-        assert _free_counts(sides[1]) == before and not sides[1].state.holds(req.request_id)
-        seen.add("load after a hit refused")
-        return 0
-    got = [m.allocate_slots(req, 0, **args) for m in sides]
-    assert _ids(got[1]) == _ids(got[0]), ("load", ext)
+    hit = hits[0][1]
+    ext = min(n, req.num_tokens - hit)
+    _counts(sides, req, hits, hit, ext, hit + ext)
+    args = dict(num_external_computed_tokens=ext, delay_cache_blocks=f < 6,  # (else synchronous)
+                full_sequence_must_fit=n % 3 == 0, reserved_blocks=2 if n % 4 == 0 else 0)
+    got = [m.allocate_slots(req, 0, **args, **(dict(num_new_computed_tokens=hit, new_computed_blocks=h[0])
+                                               if hit else {})) for m, h in zip(sides, hits, strict=True)]
+    assert _ids(got[1]) == _ids(got[0]), ("load", hit, ext)
     if got[0] is None:
+        seen.add("load refused")
         return 0
-    for side, m in enumerate(sides):
-        written[side].handed_out(m.get_blocks(req.request_id))
-    req.num_computed_tokens = ext
+    kept = [{(g == 0, b.block_id) for g, bs in enumerate(h[0].blocks[:2]) for b in bs} for h in hits]
+    for side, m in enumerate(sides):  # (the hit's blocks keep their KV; the rest is handed out anew)
+        ids = m.get_block_ids(req.request_id)
+        written[side].handed_out(type("B", (), {"get_block_ids": lambda s, i=ids, k=kept[side]: tuple(
+            [b for b in group if (g == 0, b) not in k] for g, group in enumerate(i))})())
+    req.num_computed_tokens, starts[req.request_id] = hit + ext, hit
     req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-    seen.add("loaded" if f < 6 else "loaded synchronously")
+    seen.add(("loaded" if f < 6 else "loaded synchronously") + (" after a hit" if hit else ""))
+    if hit and min(len(hits[0][0].blocks[0]), -(-(hit + ext) // BS)) > hit // BS:
+        seen.add("loaded after a longer host hit")  # (host pages kept past the indexer's hit)
     return 1 if f < 6 else 2
 
 
 def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, sync: bool,
-            seen: set[str]) -> bool:
+            seen: set[str], start: int) -> bool:
     """The connector ends ``req``'s load: failed (the scheduler frees it, no token
     valid; a synchronous load's blocks, cached at its allocation, evicted first as the
     scheduler's invalid blocks), or done (its whole pages written by the load, its tail page restored before
     the next forward, the caching wish up to the loaded tokens, then the last token of a
-    whole prompt computed again); whether the request still runs."""
+    whole prompt computed again); whether the request still runs. ``start``: the tokens of
+    the hit the load follows (its pages are not the load's)."""
     from vllm.v1.request import RequestStatus
 
     for c in coordinators:
@@ -265,23 +334,19 @@ def _finish(sides: Any, coordinators: Any, written: Any, req: Any, failed: int, 
     if failed:
         for m in sides:
             if sync:
-                m.evict_blocks(set(m.get_block_ids(req.request_id)[1][:req.num_computed_tokens // BS]))
+                indexer = m.get_block_ids(req.request_id)[1]
+                m.evict_blocks(set(indexer[start // BS:req.num_computed_tokens // BS]))
             m.free(req)
         seen.add("load failed")
         return False
     ext = req.num_computed_tokens
     for side, m in enumerate(sides):
-        written[side].computed(m, req, 0, ext)
+        written[side].computed(m, req, start, ext)
         m.cache_blocks(req, ext)
     req.num_computed_tokens = min(ext, req.num_tokens - 1)
     req.status = RequestStatus.WAITING
-    seen.add("load done")
+    seen.add("load done after a hit" if start else "load done")
     return True
-
-
-def _free_counts(m: Any) -> tuple[int, int]:
-    host = get_hisparse_coordinator(m).get_host_block_pool()
-    return m.block_pool.get_num_free_blocks(), host.get_num_free_blocks()
 
 
 def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any, loading: list[str]) -> None:
@@ -296,6 +361,10 @@ def _compare(sides: Any, coordinators: Any, reqs: list[Any], written: Any, loadi
                 written[side].check(m, req)
     copies = [{h: [b.block_id for b in bs] for h, bs in c.copies.items()} for c in coordinators]
     assert copies[1] == copies[0]
+    for req in reqs:  # (the pages each side counts valid on host, where prefixkv's view shows them)
+        states = [c.request_states.get(req.request_id) for c in coordinators]
+        assert [None if s is None else (s.valid_pages, s.ready_prefix_pages) for s in states[1:]] == \
+            [None if s is None else (s.valid_pages, s.ready_prefix_pages) for s in states[:1]], req.request_id
 
 
 def test_a_hit_adopts_the_copies_that_survive_as_vllm() -> None:
@@ -374,10 +443,9 @@ def test_caching_on_gets_the_caching_class_and_a_mismatch_is_refused() -> None:
         HiSparseCachingKVCacheManager(hisparse_config(), enable_caching=False, **kw)
 
 
-def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_changed() -> None:
+def test_a_stale_hit_is_refused_with_nothing_changed() -> None:
     """A hit whose indexer block was evicted between the lookup and the allocation raises
-    RequestError (never a wrong KV); external tokens beside a hit, UnsupportedByPrefixKV
-    naming them; nothing changed either time."""
+    RequestError (never a wrong KV), nothing changed."""
     from prefixkv.errors import RequestError
 
     ours = _plugin_manager(hisparse_config(32, 16), enable_caching=True)
@@ -392,9 +460,6 @@ def test_a_stale_hit_and_a_hit_for_a_running_request_are_refused_with_nothing_ch
     blocks, hit, _ = ours.get_computed_blocks(probe)
     assert hit == 48
     before = (ours.block_pool.get_num_free_blocks(), seam.get_host_block_pool().get_num_free_blocks())
-    with pytest.raises(UnsupportedByPrefixKV, match="external"):
-        ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks,
-                            num_external_computed_tokens=16)
     ours.evict_blocks({blocks.get_block_ids()[1][2]})
     with pytest.raises(RequestError, match="no longer hold"):
         ours.allocate_slots(probe, 16, num_new_computed_tokens=48, new_computed_blocks=blocks)

@@ -254,7 +254,6 @@ def test_the_layout_gets_the_hisparse_manager_and_its_seam() -> None:
                    m.allocate_slots(r, 16, num_external_computed_tokens=16)),
      "external tokens for a request holding blocks or computed tokens"),
     (lambda m, r: m.allocate_slots(r, 16, num_encoder_tokens=16), "encoder"),
-    (lambda m, r: m.pop_blocks_for_free(r), "pop_blocks_for_free"),
     (lambda m, r: (setattr(r, "num_computed_tokens", 16), m.allocate_slots(r, 16)), "a host prefix"),
     (lambda m, r: m.block_pool.evict_blocks({1}), "block_pool.evict_blocks"),
     (lambda m, r: get_hisparse_coordinator(m).hot_managers[0].require_hot("r"), "require_hot"),

@@ -570,17 +570,16 @@ def test_a_mamba_group_takes_one_block_per_step_and_nulls_the_positions_it_jumps
     assert answers[0][1][0] == [False, False, True, False, False, False, True]  # (the test can fail)
 
 
-def test_mamba_outside_align_and_none_modes_or_with_speculative_blocks_is_refused_at_construction():
-    # (none mode with caching on: a ConfigError, test_vllm_mamba_none.py; none mode's
-    # speculative blocks are served, test_vllm_mamba_spec_blocks.py; checkpoint blocks at
+def test_mamba_outside_align_and_none_modes_is_refused_at_construction():
+    # (none mode with caching on: a ConfigError, test_vllm_mamba_none.py; speculative
+    # blocks are served, test_vllm_mamba_spec_blocks.py, test_vllm_mamba_spec_align.py; checkpoint blocks at
     # one block size too, test_vllm_one_size_checkpoints.py, and refused at different
     # sizes without partial hits, test_vllm_mamba_checkpoint_plugin.py)
     from vllm.v1.kv_cache_interface import MambaSpec
 
     from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
 
-    for caching, kw in ((True, {"mamba_cache_mode": "all"}),
-                        (True, {"mamba_cache_mode": "align", "num_speculative_blocks": 1})):
+    for caching, kw in ((True, {"mamba_cache_mode": "all"}),):
         spec = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), **kw)
         with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
             KVCacheManager(config(full(BS), spec, num_blocks=20), max_model_len=MAX_LEN,

@@ -34,7 +34,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import _spec  # noqa: E402
-from .test_vllm_fine_full import TWO_FULL, same_block_hashes  # noqa: E402
+from .test_vllm_fine_full import TWO_FULL, same_block_hashes, same_hits_per_group  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_plugin import config  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
@@ -43,7 +43,7 @@ from .vllm_split import vllm_mamba_chunk  # noqa: E402
 # (groups, hash block: None for their gcd); full attention larger than the hash block is
 # refused (its partial tail entries differ from vLLM's under lookahead: a hit of 2 where
 # vLLM's is 0 on "full4+mamba4, hash 2", L = P = 2, found by this test)
-LAYOUTS = {k: (g, None) for k, g in PARTIAL.items()}
+LAYOUTS = {k: (g, None) for k, g in PARTIAL.items()} | PARTIAL_FULL | TWO_FULL
 
 PAIRS = [(1, 0), (1, 1), (2, 2), (3, 3), (2, 0)]  # (L, P): vLLM sets L = P for MTP, 1 for EAGLE
 
@@ -124,7 +124,11 @@ def test_the_plugin_keys_mamba_states_with_their_lookahead_as_vllm(layout, looka
 
     def each(s: Sides) -> None:
         s.ms[1].core.check_invariants()
-        same_block_hashes(s)
+        if h is None or layout in TWO_FULL:  # (else every block reads None: test_vllm_fine_full.py)
+            same_block_hashes(s)
+        for r in s.reqs[0].values():
+            same_hits_per_group(s, list(r.all_token_ids) + [0])
+        same_hits_per_group(s, probe)
     sides.drive(ops, probe, each)
 
 
@@ -156,13 +160,42 @@ def test_a_state_at_the_prompts_boundary_is_found_only_with_its_lookahead_tokens
             assert m.get_computed_blocks(reader)[1] == want, (type(m).__module__, shared)
 
 
+def test_full_attentions_partial_entry_moves_up_as_tokens_after_the_prompt_become_known():
+    # full attention at 8 beside Mamba at 16 (hash 4), L = 2: a prompt of 13 tokens has
+    # (13 - 2) // 4 = 2 block hashes at first, so its last boundary before its last token
+    # that full attention can key is 8, a block end: no partial entry. Once a sampled
+    # token is known it has 3, and the entry at 12 = (13 - 1) // 4 * 4 goes into full
+    # attention's block 1 (vLLM's min((p - 1) // h, len(block_hashes)) * h). A reader of
+    # those 14 tokens: Mamba's state is at 8 (the chunk ended at (13 - 2) // 4 * 4), so
+    # the hit is 8 on both managers; full attention alone finds 12 (the junction, and
+    # find_longest_cache_hit_per_group), which it did not before the token was known
+    groups, tokens = PARTIAL_FULL["full8+mamba16, hash 4"][0], list(range(13))
+    got = []
+    for m in pair(groups, 4, 400, 2, 2):
+        r = lookahead_request(m, "a", tokens, 4, 2)
+        seen = []
+        for n in (8, 5, 1):
+            if n == 1:
+                r.append_output_token_ids([50])
+            assert m.allocate_slots(r, n) is not None
+            r.num_computed_tokens += n
+            m.new_step_starts()
+            reader = lookahead_request(m, f"b{n}", tokens + [50, 99, 98, 97], 4, 2)
+            blocks, hit, junction = m.get_computed_blocks(reader)
+            per_group = m.coordinator.find_longest_cache_hit_per_group(reader.block_hashes, 16)
+            seen.append((hit, junction, per_group[1], [[b.block_id for b in g] for g in per_group[0]]))
+        got.append(seen)
+    # (Mamba's state at 8 moves from block 2 to its copy 4 when the request's next chunk
+    # writes its block: groups/partial.py ``moved``)
+    assert got[0] == got[1] == [(8, 0, (8, 8), [[1], [2]]), (8, 0, (8, 8), [[1], [4]]),
+                                (8, 12, (12, 8), [[1, 3], [4]])], got
+
+
 @pytest.mark.parametrize(("groups", "hash_size", "kw", "message"), [
     (PARTIAL["full8+mamba16"], 8, {"enable_kv_cache_events": True}, "KV events"),
     (PARTIAL["full8+mamba16"], 8, {"use_eagle": True}, "use_eagle"),
     (((16, None), (16, "mamba")), 16, {}, "partial hits"),  # (a Mamba block of the hash block's size)
     (((16, None), (16, 32)), 16, {}, "lookahead hashing"),  # (a window)
-    (PARTIAL_FULL["full8+mamba16, hash 4"][0], 4, {}, "hash block's size"),  # (full attention of 8)
-    (TWO_FULL["full8+mamba32+full4, hash 4"][0], 4, {}, "hash block's size"),
 ])
 def test_what_lookahead_hashing_beside_mamba_refuses(groups, hash_size, kw, message):
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV

@@ -6,9 +6,9 @@ in that group only; prefixkv serves it as a 2-token window holding that many blo
 its row's end (``GroupSpec.ahead``, groups/spec_blocks.py). The request stream of
 test_vllm_reference.py with the comparisons of test_vllm_hybrid_reference.py after every
 call runs on such layouts in test_vllm_mamba_none.py (``NONE_LAYOUTS``); here, scenarios
-with exact ids, a seeded stream beside full attention of another block size, and align
-mode's refusal by name (vLLM relocates its speculative blocks there each step: not
-offered). Needs vllm installed."""
+with exact ids and a seeded stream beside full attention of another block size (align
+mode's, where vLLM moves them each step: test_vllm_mamba_spec_align.py). Needs vllm
+installed."""
 
 from __future__ import annotations
 
@@ -52,21 +52,6 @@ def test_a_mamba_block_of_max_model_len_with_speculative_blocks_is_served_as_in_
     fa, mamba_row = [1, 2, 7, 8, 9, 10, 11], [3, 4, 5, 6]
     assert answers[0] == ([([fa[:2], mamba_row], 33), ([fa[:5], mamba_row], 30), ([fa, mamba_row], 28),
                            ([fa, mamba_row], 28), ([fa, mamba_row], 28)], 39)
-
-
-def test_align_mode_with_speculative_blocks_is_still_refused_by_name():
-    # vLLM's align mode keeps the running state in the last 1 + S blocks and relocates
-    # the previous step's speculative blocks to the row's end (its
-    # ``_relocate_speculative_block``): not offered
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
-
-    mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
-                      num_speculative_blocks=2)
-    with pytest.raises(UnsupportedByPrefixKV, match="num_speculative_blocks.*align"):
-        KVCacheManager(config(full(BS), mamba, num_blocks=20), max_model_len=MAX_LEN, scheduler_block_size=BS,
-                       hash_block_size=BS, enable_caching=True)
 
 
 SIZED = {  # (full attention's block, Mamba's, its speculative blocks); scheduler = hash = the lcm

@@ -82,8 +82,7 @@ def request(rid: str, tokens: list[int]) -> Request:
 
 
 @pytest.mark.parametrize(("specs", "kw", "named"), [
-    ((full, lambda: replace(mamba(), mamba_cache_mode="align", num_speculative_blocks=1)), {},
-     "Mamba's num_speculative_blocks"),
+    ((full, lambda: replace(mamba(), mamba_cache_mode="all")), {}, "mamba_cache_mode='align'"),
     ((cross_attention,), {}, "cross-attention"),
     ((full, lambda: full(32)), {}, "different block sizes"),
     ((full,), {"dcp_world_size": 2}, "context parallelism"),

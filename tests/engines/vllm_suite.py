@@ -79,9 +79,9 @@ NOT_RUN = {
         "one give it a CircularBufferSpec group (2) or SWA bounded replay (SlidingWindowMLASpec) "
         "at a block size below the hash block's (1), refused at construction"),
     "tests/v1/core/test_mamba_align_chunk_split.py": (
-        "its passing tests build no manager; the 12 that build one ask align-mode Mamba's "
-        "speculative blocks (num_speculative_blocks=3; with EAGLE or lookahead hashing, some "
-        "with chunk-end checkpoint blocks), refused at construction"),
+        "its passing tests build no manager; the 12 that build one give align-mode Mamba with "
+        "speculative blocks (num_speculative_blocks=3, served) lookahead slots "
+        "(num_lookahead_tokens=3, with EAGLE or lookahead hashing), refused per call beside Mamba"),
     "tests/v1/engine/test_kv_cache_group_metadata.py": (
         "builds no manager but in its one test of decode context parallelism (dcp_world_size=8), "
         "refused at construction"),

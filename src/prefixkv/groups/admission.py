@@ -20,7 +20,7 @@ from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
 from ..index.announce import Prepared
-from . import lookahead
+from . import lookahead, spec_states
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
@@ -151,13 +151,13 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._uncached:  # (an uncached window's: fresh from its cut, the hit's part included)
         per_group = [max(0, covered - (max(k, c) if s.cached else c))
                      for c, s in zip(cuts, self.groups, strict=True)]
-    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
-        per_group = lengths(per_group, ahead)
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
     taken = [int(covered - p <= end) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
+    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        per_group, taken = lengths(per_group, ahead), lengths(taken, ahead)
     fit = 0
     if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
         fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
@@ -172,7 +172,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new, fresh = fresh[:taken[g]], fresh[taken[g]:]
         self._index.own(g, new)
         row: list[Block | None] = list(new)
-        if self.groups[g].sparse:  # (None but where the step ends)
+        if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
+            row = spec_states.first_row(per_group[g], ahead[g], new, covered - 1 - end)
+        elif self.groups[g].sparse:  # (None but where the step ends)
             row = [None] * per_group[g]
             if new:
                 row[end - (covered - per_group[g])] = new[0]

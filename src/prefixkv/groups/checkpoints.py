@@ -66,9 +66,11 @@ def at(self: HybridKVCacheManager, g: int, table: Sequence[Block | None], start:
        end: int, last: int = 0) -> tuple[int, int] | None:
     """The checkpoint ``(c, j)`` of a step from ``start`` to ``end`` in Mamba group ``g``
     whose table is ``table`` (before the step), or None (none, checkpoints off, or
-    ``end`` below ``last``: ``prefill_end``)."""
+    ``end`` below ``last``: ``prefill_end``). The entry of a block ahead (spec_states.py)
+    counts as empty, as vLLM's ``_needs_internal_checkpoint`` takes it: the block stays
+    there and holds the checkpoint (an admission's rows hold none: its hit's)."""
     ck = position(self.sizes, self._group_sizes[g], start, end, last, self._tail_gap)
-    if ck is None or ck[1] < len(table) and table[ck[1]] is not None:
+    if ck is None or ck[1] < len(table) - self.groups[g].ahead and table[ck[1]] is not None:
         return None
     return ck
 

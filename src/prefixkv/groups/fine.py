@@ -139,7 +139,9 @@ def hold(index: GroupIndex, g: int, b: Block, node: Prefix, i: int, tokens: arra
     prefix of the request's hash blocks ``0..i`` (a boundary inside ``b``; ``tokens``,
     ``extra``: the request's, for the event), as its last holder; its only content when
     it holds none. A block holding the entry already is left as it is; one holding
-    another (never seen: a request's last hash boundary is fixed) loses that first.
+    another loses that first (under lookahead keys a request's entry moves up inside
+    the block as its tokens after the prompt become known: partial_full.py ``_last``;
+    vLLM's ``cache_partial_block`` drops the shorter entry of a block so).
     Announced, when events are on, as vLLM's ``cache_partial_block`` announces it: one
     hash block, the last before the boundary, the prefix one hash block shorter as
     parent."""

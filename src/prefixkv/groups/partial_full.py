@@ -133,20 +133,26 @@ def on_hit(self: HybridKVCacheManager, req: GroupRequest, g: int, nodes: Sequenc
     the hit is the prompt's last hash boundary, the copy holds its entry (``tail``'s
     rule, at the admission's caching)."""
     h, k = self._hash_size, len(nodes)
-    if _last(self, req.num_prompt) == k:
+    if _last(self, req) == k:
         fine.hold(self._index, g, copy, nodes[-1], k - 1, req.tokens,
                   req.keys.for_event(k - 1, h) if self._index.hashing else None, h)
 
 
-def _last(self: HybridKVCacheManager, p: int) -> int:
-    """The hash boundary, in hash blocks, of a prompt of ``p`` tokens that the fine
-    groups' partial entry keys: its last before its last token (a resend's longest
+def _last(self: HybridKVCacheManager, req: GroupRequest) -> int:
+    """The hash boundary, in hash blocks, of ``req``'s prompt (of ``p`` tokens) that the
+    fine groups' partial entry keys: its last before its last token (a resend's longest
     hit); when they peek (vLLM's EAGLE groups: ``sizes.peek``), its last (their lookup
     reads the whole prompt, then drops one hash block); under lookahead keys, its last
-    at least ``_tail_gap`` tokens before its end."""
+    before its last token among the hash blocks whose keys are known (vLLM's
+    ``min((p - 1) // h, len(block_hashes))``: it moves up as the request's tokens after
+    the prompt become known, ``know_tokens``; groups/lookahead.py)."""
     peek = self.sizes.peek
-    h = self._hash_size
-    return p // h if peek and peek[self._fine[0]] else max(0, p - self._tail_gap) // h
+    h, p = self._hash_size, req.num_prompt
+    if peek and peek[self._fine[0]]:
+        return p // h
+    if self._lookahead:
+        return min(max(0, p - 1) // h, len(req.keys.mm))  # type: ignore[arg-type]
+    return max(0, p - 1) // h
 
 
 def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
@@ -155,7 +161,7 @@ def tail(self: HybridKVCacheManager, req: GroupRequest) -> None:
     ``sizes.eagle``, its last: ``_last``), inside one of the group's blocks, that block
     holds the boundary's prefix (``fine.hold``)."""
     h = self._hash_size
-    end = _last(self, req.num_prompt) * h
+    end = _last(self, req) * h
     i = end // h - 1
     if not end or end > min(req.num_scheduled, len(req.tokens)) or i >= len(req.nodes):
         return

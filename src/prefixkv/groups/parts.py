@@ -28,7 +28,7 @@ from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .sizes import BlockSizes, manager_sizes
-from .spec import MAMBA, GroupSpec, group_specs
+from .spec import MAMBA, SLIDING, GroupSpec, group_specs
 from .spec_blocks import aheads
 
 if TYPE_CHECKING:
@@ -117,8 +117,10 @@ def construct(
 
 def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     """Raises ConfigError for a window's or Mamba group's ``retention`` where it is not
-    served: beside ``peek`` (vLLM's EAGLE moves the tails a block up) or an uncached
-    window; a window's beside partial hits; a Mamba group's at one block size but beside
+    served: beside ``peek`` (vLLM's EAGLE) but a Mamba group's beside ``eagle`` or a
+    window's with groups of different block sizes (vLLM's EAGLE moves a peeking window's
+    tails a block up: ``BlockSizes.caches``), or an uncached window; a window's beside
+    partial hits; a Mamba group's at one block size but beside
     checkpoints (``BlockSizes.checkpoints``: the sized calls serve it); or not a
     multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``). A window's at one block
     size too: the sized manager's calls serve it (groups/sized.py)."""
@@ -126,7 +128,10 @@ def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
     if not got:
         return
     kinds = {s.kind for s in specs if s.retention is not None}
-    if sizes.peek or not all(s.cached for s in specs) or sizes.partial and kinds - {MAMBA} \
+    if sizes.peek and not (sizes.eagle and kinds == {MAMBA} or not sizes.partial and not sizes.one_size
+                           and kinds == {SLIDING}) \
+            or not all(s.cached for s in specs) \
+            or sizes.partial and kinds - {MAMBA} \
             or sizes.one_size and MAMBA in kinds and not sizes.checkpoints:
         raise ConfigError(f"retention is served without peek and uncached windows, a window's without "
                           f"partial hits, a Mamba group's with groups of different block sizes, got {sizes}")

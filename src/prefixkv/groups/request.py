@@ -45,6 +45,7 @@ from ..core.lookahead import LookaheadKeys
 from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..hashing import token_bytes
+from . import spec_states
 from .prefixes import Prefix
 from .sizes import BlockSizes
 from .spec import GroupSpec
@@ -121,6 +122,8 @@ class GroupRequest:
             if len(table) != want or (not spec.sparse and any(b is None for b in table[cut:])) or \
                     any(b is not None for b in table[:cut]):
                 return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
+            if spec.sparse and spec.ahead and (why := spec_states.check(table, spec.ahead)):
+                return f"request {rid!r} group {g}: {why}"
             if cut > spec.num_unread(self.step_start, bs):
                 return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")

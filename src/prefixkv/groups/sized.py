@@ -46,6 +46,7 @@ from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .spec import FULL, MAMBA
+from .spec_states import refuse_slots, shift
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
@@ -178,6 +179,7 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)
     fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows) + len(marks))
+    ahead = self._ahead
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
         ck = g in marks  # (then ``new[0]``, put at the entry before the step's end)
         k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows) + ck
@@ -186,7 +188,11 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
         if g in cows:
             partial.moved(self, req, g, new[0])
             new = new[1:]
-        if g in holes:
+        if ahead is not None and ahead[g] and spec.sparse:  # (its blocks ahead: spec_states.py)
+            assert g not in holes, "a step short of a sparse group's state entry beside blocks ahead"
+            shift(table, m, ahead[g], new, ck)
+            ck = False  # (in its place already)
+        elif g in holes:
             table[blocks_for(total, self._group_sizes[g]) - 1] = new[-1]
         elif ck:
             table += [None] * (m - k + 1) + new[1:]  # type: ignore[operator]
@@ -265,6 +271,8 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
+    if self._ahead is not None:
+        refuse_slots(self, covered - req.num_reserved if covered > req.num_reserved else 0)
     more, cows = _more(self, req, covered), _cows(self, req)
     if _fresh(self, more) + len(cows) > self._pool.num_free:
         return None

@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_eagle, partial_full
+from . import checkpoints, partial, partial_eagle, partial_full, spec_states
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -36,31 +36,30 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     ``align`` and at most ``n - 1`` tokens (and ``max_hit_tokens``), that every group
     serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
     size). With ``peek``, vLLM's EAGLE hit (``hits.peeking_sized_hit``), which may look
-    at the prompt's last full hash block. Raises ConfigError for a ``peek`` on a layout
-    ``check_peek`` refuses, or with ``alone``."""
+    at the prompt's last full hash block (``alone`` then within the hash blocks it walks,
+    up to one largest block past the cap). Raises ConfigError for a ``peek`` on a layout
+    ``check_peek`` refuses."""
     h, sizes, find = self._hash_size, self.sizes, self._index.find
     cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
     if any(peek):
         if sizes.eagle:
             return partial_eagle.eagle_hit(self, chunks, keys, n, cap, peek, alone)
         check_peek(self.groups, sizes.sizes)
-        if alone is not None:
-            raise ConfigError("lookup_per_group's peek is served at one block size or with eagle only")
     walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
 
     def cached(g: int, j: int) -> bool:
         i = sizes.key_index(g, j)
         return i < len(nodes) and find(g, nodes[i]) is not None
-    if any(peek):
-        return nodes[:peeking_sized_hit(self.groups, sizes.sizes, sizes.align, cap, n // h * h, cached,
-                                        peek) // h]
-    if alone is not None:
+    if alone is not None:  # (with peek: each group's run within the nodes the peek walks)
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
         for g in self._fine:  # (vLLM's full attention alone looks inside its next block too)
             alone[g] = partial_full.alone(self, nodes, g, alone[g])
+    if any(peek):
+        return nodes[:peeking_sized_hit(self.groups, sizes.sizes, sizes.align, cap, n // h * h, cached,
+                                        peek) // h]
     if sizes.partial:
         return nodes[:partial.longest_hit(self, nodes, len(nodes))]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
@@ -162,13 +161,14 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     covered = [blocks_for(total + num_lookahead_tokens, b) for b in sizes]
     cuts = [min(c, v) for c, v in zip(cuts, covered, strict=True)]  # (a window's: none below its cut)
     more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
-    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
-        more = lengths(more, ahead)
     # a sparse group takes the block where this step ends only, if a new entry (its
     # lookahead slots get theirs when a step ends there)
     ends = [blocks_for(total, b) - 1 for b in sizes]
     taken = [int(v - m <= e) if s.sparse else m
              for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
+    if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        spec_states.refuse_slots(self, num_lookahead_tokens)
+        more, taken = lengths(more, ahead), lengths(taken, ahead)
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
         taken[g] += 1  # (first of its new blocks: the copy on write)
@@ -197,7 +197,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
         copy = new.pop(0) if g in cows else None
-        if self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
+        if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
+            new = spec_states.first_row(m, ahead[g], new, covered[g] - 1 - ends[g])  # type: ignore[arg-type]
+        elif self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
             row: list[Block | None] = [None] * m
             if new:
                 row[ends[g] - (covered[g] - m)] = new[-1]

@@ -27,6 +27,7 @@ from functools import reduce
 
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
+from .eagle_retention import eagle_marks, peek_retains, window_marks
 from .hits import longest_sized_hit
 from .partial import check_partial
 from .spec import FULL, MAMBA, SLIDING, GroupSpec
@@ -172,12 +173,17 @@ class BlockSizes:
         if j < 0 or (j + 1) * b > end:
             return False
         if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
-            return spec.retention is None or _keeps_state(spec.retention, b, u, j, marks)
+            if spec.retention is None:
+                return True
+            return _keeps_state(spec.retention, b, u, j,
+                                eagle_marks(marks, self.align, self.hash_size, b) if self.eagle else marks)
+        if spec.retention is not None:  # (beside EAGLE, its replay boundaries: eagle_retention.py)
+            if not self.peek:
+                return _retains(spec, b, self.align, j, marks)
+            return peek_retains(spec, b, self.align, j, window_marks(marks, self.align, b, peek), peek)
         if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
-        if spec.retention is not None:
-            return _retains(spec, b, self.align, j, marks)
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 

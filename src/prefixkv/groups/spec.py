@@ -74,12 +74,14 @@ class GroupSpec:
     a request of a sliding window holds past the end of the positions its table
     covers, taken at admission and kept that many ahead as the table grows (vLLM's
     ``num_speculative_blocks`` of a Mamba group in ``mamba_cache_mode="none"``, served
-    as a 2-token window: the scratch states a speculative step writes; groups/spec_blocks.py).
+    as a 2-token window: the scratch states a speculative step writes; groups/spec_blocks.py),
+    or of a Mamba group past its state block (vLLM's ``num_speculative_blocks`` in
+    ``mamba_cache_mode="align"``: groups/spec_states.py).
     Raises ConfigError for an unknown kind, a size that does not fit the kind, a
     ``retained`` that is not an int >= 0 (0 unless sliding), a ``cached`` that is not
     a bool (True unless sliding), or a ``retention`` that is not None nor an int >= 0
     (None unless a cached sliding window or Mamba), or an ``ahead`` that is not an
-    int >= 0 (0 unless sliding)."""
+    int >= 0 (0 unless sliding or Mamba)."""
 
     kind: str
     tokens: int = 0
@@ -108,8 +110,9 @@ class GroupSpec:
             want = "None or an int >= 0" if keeps else "None"
             raise ConfigError(f"a {'cached ' * self.cached}{self.kind} group takes retention={want}, "
                               f"got {r!r}"[:200])
-        if type(self.ahead) is not int or self.ahead < 0 or (self.ahead and self.kind != SLIDING):
-            want = "an int >= 0" if self.kind == SLIDING else "0 (sliding windows only hold blocks ahead)"
+        holds = self.kind in (SLIDING, MAMBA)  # (those vLLM's num_speculative_blocks reaches)
+        if type(self.ahead) is not int or self.ahead < 0 or (self.ahead and not holds):
+            want = "an int >= 0" if holds else "0 (sliding windows and Mamba only hold blocks ahead)"
             raise ConfigError(f"a {self.kind} group takes ahead={want}, got {self.ahead!r}"[:200])
 
     @property
@@ -207,12 +210,14 @@ def chunked_local(chunk: int) -> GroupSpec:
     return GroupSpec(CHUNKED, chunk)
 
 
-def mamba(*, retention: int | None = None) -> GroupSpec:
+def mamba(*, retention: int | None = None, ahead: int = 0) -> GroupSpec:
     """A group of Mamba (state-space) layers whose states are cached at block
     boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring.
-    ``retention``: its sparse caching (``GroupSpec``). Raises ConfigError unless
-    retention is None or an int >= 0."""
-    return GroupSpec(MAMBA, retention=retention)
+    ``retention``: its sparse caching (``GroupSpec``); ``ahead``: the speculative state
+    blocks a request holds past its state's (vLLM's ``num_speculative_blocks`` there:
+    groups/spec_states.py). Raises ConfigError unless retention is None or an int >= 0
+    and ahead an int >= 0."""
+    return GroupSpec(MAMBA, retention=retention, ahead=ahead)
 
 
 def group_specs(groups: Sequence[GroupSpec]) -> tuple[GroupSpec, ...]:

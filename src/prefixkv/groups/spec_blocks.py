@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from types import MethodType
 from typing import TYPE_CHECKING
 
+from . import spec_states
 from .request import GroupRequest
 from .spec import GroupSpec
 
@@ -51,6 +52,8 @@ def serve(self: HybridKVCacheManager) -> None:
     """Give the manager ``self`` (built, with blocks ahead) the one-token check
     ``roomy`` in place of its class's."""
     self.__dict__["_roomy"] = MethodType(roomy, self)
+    if any(s.sparse and s.ahead for s in self.groups) and not self._serves_sizes:
+        self.__dict__["_take"] = MethodType(spec_states.take, self)
 
 
 def roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:

@@ -59,11 +59,6 @@ if TYPE_CHECKING:
     from .lower import LowerTier
 
 _REFS = attrgetter("refs")
-_COPIED = 4096
-"""A run's bytes shorter than this are compared with a slice of the prompt's (a copy):
-``startswith`` with offsets parses them through C paths (~35 lines of the interpreter's
-machine code) that are cold after the forward pass; a longer copy costs more than those
-(benchmarks/results/chat-r20.md)."""
 
 
 class ContentIndex(MatchingIndex):
@@ -79,7 +74,6 @@ class ContentIndex(MatchingIndex):
             raise ConfigError(f"ContentIndex needs a Hasher and an event sink (NullSink or EventLog), "
                               f"got {hasher!r} and {sink!r}")
         super().__init__(hasher, sink, check_positive("block_size", block_size), lower=lower)
-        self._short = _COPIED // (4 * block_size)  # (``claim``'s: no ``//`` a step, a cold C path)
         # the parent of a first block in ``claim`` (content id 0): its ``child`` is the first
         # block the last claim found, a guess verified as any (prompts that open alike, a
         # shared system prompt, find it without hashing their first chunk for a probe)
@@ -106,7 +100,6 @@ class ContentIndex(MatchingIndex):
         # (``by_chunk.get`` called as a method: no bound method made, a C path cold each step)
         by_chunk, by_key, epoch = self._by_chunk, self._by_key, self._epoch
         width = 4 * self._bs
-        short = self._short  # (a run of fewer blocks is compared as a slice)
         n = len(chunks)
         end = n * width
         root = p = self._root  # (its content id is 0, a first block's parent_cid)
@@ -152,17 +145,10 @@ class ContentIndex(MatchingIndex):
                     # (b holds other content since)
                     break
                 # (the head's chunk first, as recorded; within the chunks given: a probe may
-                # be cut short of ``data``)
-                d = run.data
-                at = (i - 1) * width
-                if k < short:  # (compared as a slice: ``_COPIED``)
-                    e = at + len(d)
-                    # (not ``and``: its opcode runs nowhere else in the step, and the
-                    # compare before it is not specialized)
-                    same = data[at:e] == d if e <= end else False
-                else:
-                    same = data.startswith(d, at, end)
-                if not same:
+                # be cut short of ``data``. At an offset, not a slice of the prompt's bytes:
+                # a copy writes its lines, ~30 a chat step, where ``startswith``'s argument
+                # parsing is ~19 lines of machine code, once a step: events-r30.md)
+                if not data.startswith(run.data, (i - 1) * width, end):
                     # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
                     k = agree(run.data, data, (i - 1) * width, end, width) - 1
                     if k <= 0:

@@ -181,8 +181,13 @@ class ContentRecorder(LandedRecorder):
         loop records it)."""
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
-        if parent is not None and self.run_counts.pending:
-            self._settle_near(parent)
+        if parent is not None and self.run_counts.pending:  # (``_settle_near``'s tests,
+            # inline: a chat turn's parent, the last block of the pending run the turn
+            # before stored, needs no write, and a call is a cold frame a step)
+            r = parent.counted
+            if (r is not None and r.pending and parent is not r.blocks[-1]) or (
+                    parent.starts is not None and parent.starts.pending):
+                self._settle_near(parent)
         cid = parent.content_id if parent is not None else 0
         if not self.runs or req.keys.mm is not None or (parent is not None and (
                 parent.key is None or parent.twin or (self._twins and cid in self._twins))):

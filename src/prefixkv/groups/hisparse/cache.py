@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...core.block import Block, blocks_for
+from ...core.block import Block
 from ...core.pool import PoolIndex
-from ...errors import InvariantError, RequestError, check_count
+from ...errors import InvariantError, check_count
+from . import hits
 from .hash_index import HashIndex
 from .request import _Request
 from .row import CLEAN, HOST, IN_FLIGHT, UNPINNED
@@ -71,6 +72,7 @@ class HiSparseCache(HiSparseState):
         self._copy_of: dict[int, bytes] = {}  # a copy's block id -> its hash
         self._detached: dict[int, _Detached] = {}  # copy id -> the publication it holds back
         self._finished = False  # (``free``'s argument, read by ``_leaving``)
+        self._restoring: list[tuple[int, tuple[Hashable | None, int]]] = []  # (``report``'s whole restores)
 
     def _new_index(self) -> PoolIndex:
         return HashIndex()
@@ -86,53 +88,31 @@ class HiSparseCache(HiSparseState):
         """The hit of a request with block ``hashes`` of at most ``max_tokens`` tokens:
         the host blocks of the longest published prefix, and the indexer's device blocks
         of the longest cached prefix of those (the hit: as many pages). Changes nothing."""
-        n = min(check_count("max_tokens", max_tokens, 0, None) // self.block_size, len(hashes))
-        host, index = [], self._index("host")
-        for h in hashes[:n]:
-            b = index.find(h)
-            if b is None:
-                break
-            host.append(b)
-        indexer, index = [], self._index("device")
-        for h in hashes[:len(host)]:
-            b = index.find(h)
-            if b is None:
-                break
-            indexer.append(b)
-        return host, indexer
+        return hits.lookup(self, hashes, max_tokens)
 
     def need_hit(self, tokens: int, host: Sequence[Block], indexer: Sequence[Block], *,
-                 cap: bool = False) -> int:
+                 cap: bool = False, imported: int = 0) -> int:
         """``need`` for a new request admitted with a hit of ``len(indexer)`` pages (its
         first host blocks ``host`` and indexer blocks): free hit blocks count as taken,
-        the row starts past the hit, the hot region is taken."""
-        k = len(indexer)
-        pages = blocks_for(check_count("tokens", tokens, 1, None), self.block_size)
-        row = min(pages, self.window) if cap else pages
-        n = max(pages - k, 0) + sum(not b.refs for b in indexer) + max(row - k, 0) + self.hot_blocks
-        host_need = max(pages - k, 0) + sum(not b.refs for b in host[:k])
-        return n + (len(self.device.blocks) + 1 if host_need > self.host.num_free else 0)
+        the row starts past the hit, the hot region is taken. ``imported``: the hit's and
+        an external load's tokens, when one follows the hit (hits.py)."""
+        return hits.need_hit(self, tokens, host, indexer, cap=cap, imported=imported)
 
     def admit(self, key: Hashable, total: int, hashes: Sequence[bytes], host: Sequence[Block],
-              indexer: Sequence[Block]) -> bool:
+              indexer: Sequence[Block], imported: int = 0) -> bool:
         """``allocate`` for new request ``key`` with its block ``hashes`` (a live list, read
-        as it grows) and the hit ``host``/``indexer`` (``lookup``'s: as many pages in
-        each, the host blocks cut to the hit). All or nothing; whether it did."""
-        k = len(indexer)
-        if not k or self.holds(key) or len(host) < k:
-            raise RequestError(f"a hit for {key!r}: a new request, its host hit as long as its indexer's")
-        if self.need_hit(total, host, indexer) > self.device.num_free:
-            return False
-        r = self._requests[key] = _Request()
-        r.host = self.host.acquire(list(host[:k]), 0)
-        r.indexer = self.device.acquire(list(indexer), 0)
-        r.blocks = [None] * k
-        r.row.start_host(k)
-        r.hot_required = True
-        self._pubs[key] = _Pub(hashes, host=k, indexer=k, recorded=k, adopt=k)
-        got = self.allocate(key, total)
-        assert got, "HiSparse blocks short after the hit's count"
-        return True
+        as it grows) and the hit ``host``/``indexer`` (``lookup``'s: the host blocks at
+        least as many as the indexer's, the hit's pages; more are kept only up to an
+        import's pages). ``imported``: the hit's and an external load's tokens when a load
+        follows the hit (0: none; then past the hit, at most ``total``). All or nothing;
+        whether it did. RequestError, nothing changed, for a request holding blocks or
+        counts that do not fit."""
+        return hits.admit(self, key, total, hashes, host, indexer, imported)
+
+    def _hit(self, key: Hashable, hashes: Sequence[bytes], host: int, k: int) -> None:
+        """``key`` was admitted with a hit of ``k`` pages, its first ``host`` host pages
+        cached already (its GPU copies adopted at its first step)."""
+        self._pubs[key] = _Pub(hashes, host=host, indexer=k, recorded=k, adopt=k)
 
     # ---- caching and publication -------------------------------------------------------
 
@@ -189,15 +169,14 @@ class HiSparseCache(HiSparseState):
 
     def report(self, enqueued: Mapping[int, int], completed: Mapping[int, int]) -> list[int]:
         """``HiSparseState.report``; a live request's page restored whole from its published
-        host block (an import's last page) is indexed as that block's GPU copy."""
-        restores = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
-        done = super().report(enqueued, completed)
-        for tid, (key, page) in restores:
-            r = self._requests.get(key)
-            block = None if r is None or tid not in done else r.blocks[page]
-            if r is not None and block is not None:
-                self._record_copy(r.host[page].key, block)
-        return done
+        host block (an import's last page) is indexed as that block's GPU copy, before the
+        publications the report makes (vLLM's order: a published page's copy indexed by
+        the same report wins)."""
+        self._restoring = [(t, self.spills.page_of(t)) for t, whole in self.imports.restores.items() if whole]
+        try:
+            return super().report(enqueued, completed)
+        finally:
+            self._restoring = []
 
     def _record_copy(self, h: Hashable, block: Block) -> None:
         if isinstance(h, bytes):
@@ -211,6 +190,11 @@ class HiSparseCache(HiSparseState):
             del self._copy_of[old.block_id]
 
     def _confirmed(self, keys: set[Hashable]) -> None:
+        for tid, (key, page) in self._restoring:
+            r = self._requests.get(key)
+            block = None if r is None or tid in self.spills else r.blocks[page]
+            if r is not None and block is not None:
+                self._record_copy(r.host[page].key, block)
         for key in keys:
             if key in self._pubs:
                 self._publish(key)

@@ -34,14 +34,16 @@ __all__ = ["Imports"]
 class Imports:
     """The imports of one state. ``pending``: request -> the tokens its load writes, until
     it is finished; ``failed``: the same of the requests whose load failed, until freed;
-    ``restores``: copy id -> whether the page it restores is whole, while in flight (a
-    freed request's too)."""
+    ``hits``: request -> the pages of the prefix hit its load follows (hits.py), until
+    freed; ``restores``: copy id -> whether the page it restores is whole, while in flight
+    (a freed request's too)."""
 
-    __slots__ = ("pending", "failed", "restores")
+    __slots__ = ("pending", "failed", "hits", "restores")
 
     def __init__(self) -> None:
         self.pending: dict[Hashable, int] = {}
         self.failed: dict[Hashable, int] = {}
+        self.hits: dict[Hashable, int] = {}
         self.restores: dict[int, bool] = {}
 
     def first_page(self, key: Hashable, block_size: int) -> int:
@@ -53,6 +55,7 @@ class Imports:
         """``key`` was freed: its import goes (its restore in flight stays until confirmed)."""
         self.pending.pop(key, None)
         self.failed.pop(key, None)
+        self.hits.pop(key, None)
 
     @staticmethod
     def row_need(blocks: Sequence[object | None], pages: int, imported: int, block_size: int) -> int:
@@ -70,5 +73,5 @@ class Imports:
         import is a live request's."""
         if not self.restores.keys() <= set(in_flight):
             raise InvariantError(f"restores {sorted(self.restores)} not all in flight")
-        if not (self.pending.keys() | self.failed.keys()) <= set(live):
+        if not (self.pending.keys() | self.failed.keys() | self.hits.keys()) <= set(live):
             raise InvariantError(f"imports pending for requests gone: {sorted(map(repr, self.pending))}")

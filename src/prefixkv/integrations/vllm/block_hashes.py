@@ -36,6 +36,7 @@ from prefixkv.errors import RequestError
 from prefixkv.groups.spec import FULL
 
 from .block_hash_view import BlockHashView, view_for
+from .cache_map import CacheMap, cache_map
 from .layout import Layout, UnsupportedByPrefixKV
 from .prepared import PreparedPrompts
 from .requests import core_tokens, extra_keys_of
@@ -130,8 +131,9 @@ class HashedPrefixes:
 class CachedBlocks:
     """``cached_block_hash_to_block`` of vLLM's pool, read-only: ``len`` (cached keys,
     one per prefix and group), truth, ``get_one_block`` and ``contain`` by
-    ``BlockHashWithGroupId``. Any other use (``insert``, ``pop``, ``_cache``: writes, or
-    vLLM's own dict) raises UnsupportedByPrefixKV."""
+    ``BlockHashWithGroupId``, and its dict ``_cache`` (a read-only snapshot:
+    cache_map.py). Any other use (``insert``, ``pop``: writes) raises
+    UnsupportedByPrefixKV."""
 
     def __init__(self, lookups: HashLookups) -> None:
         self._lookups = lookups
@@ -154,11 +156,17 @@ class CachedBlocks:
         block_hash, group = _split(key)
         return block_id in self._lookups.copies(block_hash, group)
 
+    @property
+    def _cache(self) -> CacheMap:
+        """vLLM's dict, read-only, built from the block objects' hashes (cache_map.py)."""
+        view = self._lookups.block_view
+        return cache_map(self._lookups._table, "no block hash view" if view is None else view.unserved)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # (copy, pickle, hasattr of protocols: the usual answer)
             raise AttributeError(name)
         raise UnsupportedByPrefixKV(f"cached_block_hash_to_block.{name}: prefixkv's pool is not vLLM's; its "
-                                    f"view answers len, get_one_block and contain only (read-only)")
+                                    f"view answers len, get_one_block, contain and _cache only (read-only)")
 
 
 def _split(key: bytes) -> tuple[bytes, int]:

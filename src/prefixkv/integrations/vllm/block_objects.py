@@ -13,7 +13,10 @@ Its hash (``block_hash``, ``_block_hash``: vLLM's ``BlockHashWithGroupId``;
 (block_hash_view.py says how, and where it is refused): None while it holds no findable
 content, as vLLM's block before it is cached and after it is evicted.
 
-Writing ``ref_cnt`` or a hash field, ``set_block_hash`` and ``reset_hash`` raise
+Its free-list links (``prev_free_block``, ``next_free_block``) are read from prefixkv's
+free order when asked (free_links.py): None while a request holds it.
+
+Writing ``ref_cnt``, a hash field or a link, ``set_block_hash`` and ``reset_hash`` raise
 UnsupportedByPrefixKV: the count and the content are prefixkv's, changed only by its
 manager.
 """
@@ -48,19 +51,18 @@ class HashSource(Protocol):
         """Whether ``gone`` keeps anything now (a block's hash was read), so a free that
         would only pass it the ids can skip them."""
 
-
 class PoolBlock(KVCacheBlock):
     """vLLM's ``KVCacheBlock`` of vLLM block id ``block_id``, prefixkv's block
-    ``core_id``: ``ref_cnt`` is ``refs(core_id)`` and the hash fields are
-    ``hashes.hash_entry(core_id)``'s when read; writes are refused."""
+    ``core_id``: ``ref_cnt`` is ``refs(core_id)``, the hash fields are
+    ``hashes.hash_entry(core_id)``'s and the links ``hashes.free_neighbours(core_id)``
+    (pool.Blocks') when read; writes are refused."""
 
     __slots__ = ("_refs", "_core_id", "_hashes")
 
-    # vLLM's fields that only its own pool and free queue write, read here as its
-    # defaults (class attributes over vLLM's slots: nothing to write a block made)
+    # vLLM's fields that only its own pool writes, read here as its defaults (class
+    # attributes over vLLM's slots: nothing to write a block made)
     pool = None
     is_null = False
-    prev_free_block = next_free_block = None
 
     def __init__(self, block_id: int, refs: RefCount, core_id: int,
                  hashes: HashSource) -> None:  # (not vLLM's: no ref_cnt, no hash)
@@ -96,6 +98,30 @@ class PoolBlock(KVCacheBlock):
     @_block_hash_num_tokens.setter
     def _block_hash_num_tokens(self, value: object) -> None:
         self._refuse(f"_block_hash_num_tokens = {value!r}")
+
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
+        """The block before it in vLLM's free list (free_links.py), None while in use."""
+        return self._neighbours()[0]
+
+    @prev_free_block.setter
+    def prev_free_block(self, value: object) -> None:
+        self._refuse(f"prev_free_block = {value!r}")
+
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
+        """The block after it in vLLM's free list (free_links.py), None while in use."""
+        return self._neighbours()[1]
+
+    @next_free_block.setter
+    def next_free_block(self, value: object) -> None:
+        self._refuse(f"next_free_block = {value!r}")
+
+    def _neighbours(self) -> tuple[KVCacheBlock | None, KVCacheBlock | None]:
+        # (pool.Blocks, the source of the plug-in's blocks, answers; other sources keep
+        # no view of a free list: None, as a block in use)
+        read = getattr(self._hashes, "free_neighbours", None)
+        return (None, None) if read is None else read(self._core_id)
 
     def set_block_hash(self, block_hash: object, num_tokens: int | None = None) -> None:
         self._refuse("set_block_hash()")

@@ -8,8 +8,8 @@ prefixkv's hybrid manager takes them (``BlockSizes.checkpoints``, groups/checkpo
 docs/groups.md "Chunk-end checkpoints") beside vLLM's fine-grained partial hits, with
 any ``prefix_cache_retention_interval`` (retention.py gives it to the Mamba groups: with
 0, vLLM's default, only a step reaching vLLM's ``prefill_end`` checkpoints,
-``prefill_end``) and no EAGLE nor speculative blocks (refused by
-``options.check_options`` and ``layout._mamba_group``).
+``prefill_end``), beside Mamba's speculative blocks (a checkpoint on a block ahead keeps
+it there: ``running``), and no EAGLE (refused by ``options.check_options``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from prefixkv.groups.checkpoints import position
 
 from .layout import UnsupportedByPrefixKV
 
-__all__ = ["inner", "prefill_end", "read_checkpoints", "reserved", "step_blocks"]
+__all__ = ["inner", "prefill_end", "read_checkpoints", "reserved", "running", "step_blocks"]
 
 
 def read_checkpoints(kv_cache_config: KVCacheConfig, partial: bool, one_size: bool = False) -> int | None:
@@ -71,6 +71,13 @@ def _taken(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[An
         if ck is not None and (ck[1] >= len(rows[g]) or rows[g][ck[1]] == null):
             got.append((g, *ck))
     return got
+
+
+def running(rows: Sequence[Sequence[Any]], ahead: Sequence[int]) -> list[Sequence[Any]]:
+    """A live request's ``rows`` (its tables, vLLM's ids) without each group's ``ahead``
+    blocks at their end (Mamba's speculative blocks): where a checkpoint lands on one,
+    vLLM's ``_needs_internal_checkpoint`` takes the entry as empty, as ``_taken`` must."""
+    return [row[:len(row) - a] for row, a in zip(rows, ahead, strict=True)]
 
 
 def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequence[Any]], start: int,

@@ -10,8 +10,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...core.block import blocks_for
-from .checkpoints import prefill_end, reserved, step_blocks
+from .checkpoints import prefill_end, reserved, running, step_blocks
 from .layout import Layout
+from .per_group import PerGroupHits
 from .retention_setter import set_retention_interval
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ class CoordinatorView:
     it resolved of the layout: ``scheduler_block_size``, whether vLLM's fine-grained
     partial hits are on (``enable_partial_hash_hits``: ``layout.sizes.partial``) and the
     alignment of hits that follows (``_cache_hit_alignment_tokens``, the name vLLM's
-    tests read), and vLLM's ``retention_interval`` (the manager's, retention.py)."""
+    tests read), vLLM's ``retention_interval`` (the manager's, retention.py), and each
+    group's own hit (``find_longest_cache_hit_per_group``: per_group.py)."""
 
     def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
         self._manager = manager
@@ -133,6 +135,14 @@ class CoordinatorView:
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
+        self._per_group = PerGroupHits(manager, layout)
+
+    def find_longest_cache_hit_per_group(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+                                         ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
+        """vLLM's: per group, the blocks and tokens of the longest hit that group alone
+        finds on ``block_hashes`` within ``max_cache_hit_length`` (per_group.py, which
+        says where it is served; UnsupportedByPrefixKV elsewhere). Changes nothing."""
+        return self._per_group.find(block_hashes, max_cache_hit_length)
 
     @property
     def retention_interval(self) -> int | None:
@@ -177,8 +187,9 @@ class CoordinatorView:
             if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
                 need += core.num_pending_copies(key)
             if self._checkpoints.checkpoints:  # (one more block where a step checkpoints)
-                need += step_blocks(self._checkpoints, self._sparse, core.get_block_ids(key),
-                                    core.num_scheduled_tokens(key), covered, core.null_block_id,
+                rows = running(core.get_block_ids(key), self._ahead)  # (blocks ahead: empty entries)
+                need += step_blocks(self._checkpoints, self._sparse, rows, core.num_scheduled_tokens(key),
+                                    covered, core.null_block_id,
                                     prefill_end(self.retention_interval, request),
                                     self._manager._tail_gap)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
@@ -204,4 +215,5 @@ class CoordinatorView:
                             num_tokens_main_model, None, prefill_end if self.retention_interval == 0 else 0,
                             self._manager._tail_gap) \
             if self._checkpoints.checkpoints else 0
-        return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False)) + marks
+        return sum(1 + a if sparse and n > a else n for n, sparse, a in zip(fresh, self._sparse, self._ahead,
+                                                                           strict=False)) + marks

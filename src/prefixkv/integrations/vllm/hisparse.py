@@ -142,6 +142,11 @@ class HiSparseSeam(HiSparseCoordinator):
         ``RequestStates``)."""
         return RequestStates(self.state, self._known)
 
+    def admitted(self, request_id: str) -> None:  # (not vLLM's)
+        """``request_id`` was admitted with a hit: vLLM's coordinator keeps its bookkeeping
+        from now on (``commit_computed_blocks``)."""
+        self._known.add(request_id)
+
     def forget(self, request_id: str) -> None:  # (not vLLM's)
         """``request_id`` was freed: it has no bookkeeping any more."""
         self._known.discard(request_id)

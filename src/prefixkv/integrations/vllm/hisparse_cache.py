@@ -3,7 +3,8 @@
 lookup (``get_computed_blocks``: the longest prefix both the host pool's published pages
 and the indexer's cached device pages hold, the host hit kept longer as vLLM's source
 group does), admission with a hit (the resident row starting with pages read from host,
-the hot region taken, GPU copies adopted at the request's first step), the caching wish
+the hot region taken, GPU copies adopted at the request's first step; with external
+tokens, a load after the hit: groups/hisparse/hits.py), the caching wish
 (``cache_blocks``: indexer pages at once, host pages as their copies are confirmed), a
 finished request's publication held back for its copies in flight, reset and eviction.
 The rest is ``hisparse_manager.HiSparseKVCacheManager``'s.
@@ -12,7 +13,7 @@ Refused by name (UnsupportedByPrefixKV, nothing changed): a hit for a request ho
 blocks, and what the caching-off manager refuses. A hit whose blocks no
 longer hold the request's hashes raises RequestError (nothing changed): a stale lookup is
 never admitted. Checked against vLLM's manager side by side:
-tests/engines/test_vllm_hisparse_cache.py.
+tests/engines/test_vllm_hisparse_cache.py (with loads: test_vllm_hisparse_cache_loads.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 from vllm.v1.request import Request, RequestStatus
 
-from prefixkv.core.block import Block
+from prefixkv.core.block import Block, blocks_for
 from prefixkv.errors import RequestError, check_count
 from prefixkv.groups.hisparse.cache import HiSparseCache
 
@@ -136,29 +137,38 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
                         ("num_lookahead_tokens", a["num_lookahead_tokens"]),
                         ("reserved_blocks", a["reserved_blocks"])):
             check_count(name, n, 0, None)
-        if a["num_external_computed_tokens"] or a["num_encoder_tokens"]:
-            refused("external (connector) or encoder tokens in allocate_slots")
+        if a["num_encoder_tokens"]:
+            refused("encoder tokens in allocate_slots")
         if state.holds(rid) or request.num_computed_tokens:
             refused(f"a hit for a request holding blocks or computed tokens ({rid!r})")
-        host, indexer = self._hit_blocks(request, k_tokens, hit)
-        total = min(k_tokens + num_new_tokens + a["num_lookahead_tokens"], self.max_model_len)
+        external = a["num_external_computed_tokens"]  # (a load after the hit: hits.py)
+        host, indexer = self._hit_blocks(request, k_tokens, hit, external)
+        imported = min(k_tokens + external, self.max_model_len) if external else 0
+        total = min(k_tokens + external + num_new_tokens + a["num_lookahead_tokens"], self.max_model_len)
         keep = self.watermark_blocks if a["has_scheduled_reqs"] and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
         free = state.device.num_free
         if a["full_sequence_must_fit"] and state.need_hit(
-                min(request.num_tokens, self.max_model_len), host, indexer, cap=True) + keep > free:
+                min(request.num_tokens, self.max_model_len), host, indexer, cap=True, imported=imported
+        ) + keep > free:
             return None
-        if state.need_hit(max(total, bs * len(indexer)), host, indexer) + keep > free - a["reserved_blocks"]:
+        if state.need_hit(max(total, bs * len(indexer)), host, indexer, imported=imported) + keep \
+                > free - a["reserved_blocks"]:
             return None
-        got = state.admit(rid, max(total, 1), request.block_hashes, host, indexer)
+        got = state.admit(rid, max(total, 1), request.block_hashes, host, indexer, imported)
         assert got, "HiSparse blocks short after the pools were checked"
-        ids, k = state.request(rid)[:4], len(indexer)
+        ids = state.request(rid)[:4]
         self._rows[rid] = list(ids[RESIDENT])
-        return self._objects((ids[HOST][k:], ids[INDEXER][k:], ids[RESIDENT][k:], ids[3]))
+        self.seam.admitted(rid)
+        past = blocks_for(imported, bs) if imported else len(indexer)  # (vLLM's: the new pages)
+        return self._objects((ids[HOST][past:], ids[INDEXER][past:], ids[RESIDENT][past:], ids[3]))
 
-    def _hit_blocks(self, request: Request, k_tokens: int, hit: Any) -> tuple[list[Block], list[Block]]:
+    def _hit_blocks(self, request: Request, k_tokens: int, hit: Any, external: int = 0
+                    ) -> tuple[list[Block], list[Block]]:
         """prefixkv's blocks of a hit (``get_computed_blocks``' of ``k_tokens`` tokens),
-        the host ones cut to it; RequestError unless each holds the request's hash."""
+        the host ones cut to it, or with ``external`` tokens loaded after it to the pages
+        of both (vLLM's retained longer hit); RequestError unless each holds the request's
+        hash."""
         bs, hashes = self.block_size, request.block_hashes
         groups = hit.blocks if hit is not None else ((), (), (), ())
         k = k_tokens // bs
@@ -166,7 +176,8 @@ class HiSparseCachingKVCacheManager(HiSparseKVCacheManager):
                 or groups[RESIDENT] or groups[3] or k > len(hashes):
             raise RequestError(f"a hit of {k_tokens} tokens with blocks {[len(g) for g in groups]} "
                                f"per group is not one get_computed_blocks gives")
-        host = [self.state.host.blocks[b.block_id] for b in groups[HOST][:k]]
+        kept = groups[HOST][:blocks_for(k_tokens + external, bs) if external else k]
+        host = [self.state.host.blocks[b.block_id] for b in kept]
         indexer = [self.state.device.blocks[b.block_id] for b in groups[INDEXER]]
         if any(b.key != hashes[j] for blocks in (host, indexer) for j, b in enumerate(blocks)):
             raise RequestError(f"a hit for {request.request_id!r} whose blocks no longer hold its "

@@ -64,15 +64,28 @@ class _PoolView:
         self.taken.update((b.block_id, b) for b in got)
         return [self.blocks[b.block_id] for b in got]
 
+    other: _PoolView | None = None  # (the host pool's view, beside the device pool's)
+
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Give back blocks ``get_new_blocks`` handed out, in the order given. Raises
-        RequestError, nothing changed, for any other block."""
-        given = list(blocks)
-        ids = [b.block_id for b in given]
-        if len(set(ids)) != len(ids) or any(self.taken.get(i) is None or self.blocks[i] is not b
-                                            for i, b in zip(ids, given, strict=True)):
-            raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are given twice)")
-        self._pool().free([self.taken.pop(i) for i in ids])
+        """Give back blocks ``get_new_blocks`` (or ``pop_blocks_for_free``) handed out, in
+        the order given; the other pool's among them (the host pool's, beside the device
+        pool's) go back there after this pool's, as vLLM's. Raises RequestError, nothing
+        changed, for any other block."""
+        given, other = list(blocks), self.other
+        theirs = [b for b in given if other is not None and b.block_id < len(other.blocks)
+                  and other.blocks[b.block_id] is b]
+        other_ids = {id(b) for b in theirs}
+        mine = [b for b in given if id(b) not in other_ids]
+        for view, group in ((self, mine), (other, theirs)):
+            ids = [b.block_id for b in group]
+            if view is not None and (len(set(ids)) != len(ids) or any(
+                    view.taken.get(i) is None or view.blocks[i] is not b
+                    for i, b in zip(ids, group, strict=True))):
+                raise RequestError(f"blocks {ids} were not all taken with get_new_blocks (or are "
+                                   "given twice)")
+        self._pool().free([self.taken.pop(b.block_id) for b in mine])
+        if other is not None and theirs:
+            other._pool().free([other.taken.pop(b.block_id) for b in theirs])
 
     def _free(self) -> int:
         raise NotImplementedError
@@ -156,6 +169,15 @@ class _GroupView(GroupView):
         """The host pool for the source group, else the device pool."""
         m = self._hisparse
         return m.host_pool if self.kv_cache_group_id == HOST else m.block_pool
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   total_computed_tokens: int, num_local_computed_tokens: int,
+                                   num_tokens_main_model: int, apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        """vLLM's count of this group for the request (hisparse_counts.py; read-only)."""
+        from .hisparse_counts import group_need
+        return group_need(self._hisparse, self.kv_cache_group_id, request_id, num_tokens, new_computed_blocks,
+                          total_computed_tokens, num_local_computed_tokens, apply_admission_cap)
 
     @property
     def req_to_blocks(self) -> dict[str, list[Any]]:
@@ -241,12 +263,15 @@ class CoordinatorView:
         """vLLM's count for the request (new or not) to cover ``num_tokens`` tokens
         (``HiSparseState.need``; the row capped at the admission window with
         ``apply_admission_cap``; when ``total_computed_tokens`` include external ones,
-        an import's: ``HiSparseState.need``). UnsupportedByPrefixKV for hits, encoder
-        tokens, and a new request with computed tokens (a host prefix)."""
+        an import's: ``HiSparseState.need``; with hit blocks or a new request's computed
+        tokens, hisparse_counts.py's, read-only). UnsupportedByPrefixKV for encoder tokens."""
         state = self._manager.state
-        if any(new_computed_blocks) or num_encoder_tokens \
-                or (num_local_computed_tokens and not state.holds(request_id)):
-            refused("hits, host prefixes or encoder tokens")
+        if num_encoder_tokens:
+            refused("encoder tokens")
+        if any(new_computed_blocks) or (num_local_computed_tokens and not state.holds(request_id)):
+            from .hisparse_counts import need
+            return need(self._manager, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                        num_local_computed_tokens, apply_admission_cap)
         if total_computed_tokens > num_local_computed_tokens:
             return state.need(request_id, num_tokens, imported=total_computed_tokens)
         return state.need(request_id, num_tokens, cap=apply_admission_cap)

@@ -111,10 +111,11 @@ class RequestStates(Mapping[str, RequestStateView]):
             raise KeyError(request_id)
         row, ids = state.row(request_id), state.request(request_id)[2]
         bs = state.block_size
-        first = state.imports.first_page(request_id, bs)  # (pending: not valid yet)
+        first = state.imports.first_page(request_id, bs)  # (pending: not valid yet, but a hit's)
+        hit = state.imports.hits.get(request_id, 0)
         flight = {p: t for t, (k, p) in state.spills.flight.items() if k == request_id}
         whole = {p for p, t in flight.items() if state.imports.restores.get(t, False)}
-        valid = {p for p, b in enumerate(ids) if not b and p >= first}
+        valid = {p for p, b in enumerate(ids) if not b and (p >= first or p < hit)}
         valid |= {*row.pages(CLEAN), *row.pages(UNPINNED), *whole}
         ready = 0
         while ready in valid:

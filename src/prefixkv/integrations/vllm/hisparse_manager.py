@@ -14,7 +14,8 @@ off here (no hit, nothing cached; caching on is hisparse_cache.py's subclass, wh
 ``hisparse_class`` picks), one resident and one hot group, one block size; refused
 with UnsupportedByPrefixKV at construction otherwise, and for KV events, a metrics
 collector, blocks to zero and context parallelism; at the call for external
-(connector) tokens, encoder tokens, hits, and ``pop_blocks_for_free``. Checked against
+(connector) tokens after a step, encoder tokens and hits (caching on: hisparse_cache.py),
+and ``pop_blocks_for_free`` of a request with copies (hisparse_popped.py). Checked against
 vLLM's manager side by side: tests/engines/test_vllm_hisparse_manager.py.
 """
 
@@ -116,8 +117,10 @@ class HiSparseKVCacheManager(KVCacheManager):
         self._device = pool_blocks(state, host=False)  # (ref_cnt read live: hisparse_blocks.py)
         self._host = pool_blocks(state, host=True)
         self.empty_kv_cache_blocks = KVCacheBlocks(((), (), (), ()))
-        self.block_pool = DevicePoolView(state, self._device)  # type: ignore[assignment]
+        device_view = DevicePoolView(state, self._device)
+        self.block_pool = device_view  # type: ignore[assignment]
         self.host_pool = HostPoolView(state, self._host, "the host pool")
+        device_view.other = self.host_pool  # (free_blocks gives host blocks back there)
         self.seam = HiSparseSeam(state, host_group_id=HOST)
         self.coordinator = CoordinatorView(self, specs, self.seam)  # type: ignore[assignment]
         self.seam.bind(self.coordinator.single_type_managers, self.host_pool)
@@ -273,9 +276,11 @@ class HiSparseKVCacheManager(KVCacheManager):
             self.seam.forget(request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
-        """Refused (UnsupportedByPrefixKV, nothing changed): a HiSparse request's pages
-        go back through the state, not in the caller's order."""
-        refused("pop_blocks_for_free")
+        """The request's blocks, handed to the caller, who gives them back with
+        ``block_pool.free_blocks`` (hisparse_popped.py: served for a request of dirty pages
+        alone, UnsupportedByPrefixKV otherwise, nothing changed)."""
+        from .hisparse_popped import pop_for_free
+        return pop_for_free(self, request)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:

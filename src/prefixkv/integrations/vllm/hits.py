@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request
 
 from prefixkv.core.prompt import Prompt
+from prefixkv.errors import RequestError
 from prefixkv.extra_keys import ExtraKeys
 
+from . import sessions
 from .layout import UnsupportedByPrefixKV
 from .mamba import junction
 from .requests import reads_cache
@@ -31,8 +34,9 @@ from .slots import admission_prompt
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["eagle_hit", "get_computed_blocks", "get_computed_blocks_for_connector", "lookup",
-           "prefix_cache_lookup_enabled", "truncate_computed_blocks", "uncached_hit"]
+__all__ = ["TruncationError", "create_kv_cache_blocks", "eagle_hit", "get_computed_blocks",
+           "get_computed_blocks_for_connector", "lookup", "prefix_cache_lookup_enabled",
+           "truncate_computed_blocks", "uncached_hit"]
 
 
 def prefix_cache_lookup_enabled(self: KVCacheManager, request: Request) -> bool:
@@ -49,6 +53,8 @@ def get_computed_blocks(self: KVCacheManager, request: Request, max_cache_hit_le
     a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing.
     The hit is the longest every group serves within ``max_cache_hit_length``; with
     ``use_eagle``, less its last block (vLLM's EAGLE recomputes it)."""
+    if self._watch_sessions and getattr(request, "session_id", None) is not None:  # (the first of a session)
+        sessions.seen(self, request.session_id)
     blocks, n = lookup(self, request, max_cache_hit_length)
     return blocks, n, junction(self, request, n, max_cache_hit_length)
 
@@ -64,12 +70,40 @@ def get_computed_blocks_for_connector(self: KVCacheManager, request: Request,
     return *self.get_computed_blocks(request, max_cache_hit_length), False
 
 
+class TruncationError(RequestError, AssertionError):
+    """``truncate_computed_blocks`` at a point a group's blocks cannot be cut at: not a
+    multiple of the group's block size, or past the blocks a group (not Mamba's) holds.
+    A RequestError that is also the AssertionError vLLM's manager raises there."""
+
+
 def truncate_computed_blocks(self: KVCacheManager, blocks: KVCacheBlocks, num_computed_tokens: int
                              ) -> KVCacheBlocks:
-    """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size):
-    each group's first ``num_computed_tokens // its block size``."""
-    return KVCacheBlocks(tuple(list(g[:num_computed_tokens // b])
-                               for g, b in zip(blocks.blocks, self.group_sizes, strict=True)))
+    """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of each group's
+    block size): each group's first ``num_computed_tokens // its block size``; a Mamba
+    group may hold fewer (its state may come from a connector), and keeps those. Never
+    changes ``blocks``. Raises TruncationError, as vLLM's (an assert), where a group
+    cannot be cut there."""
+    out = []
+    for g, (group, b) in enumerate(zip(blocks.blocks, self.group_sizes, strict=True)):
+        n, odd = divmod(num_computed_tokens, b)
+        if odd or (n > len(group) and g not in self._mamba.groups):
+            raise TruncationError(f"truncate_computed_blocks: group {g} (block size {b}) holds "
+                                  f"{len(group)} blocks; it cannot be cut at {num_computed_tokens} tokens")
+        out.append(list(group[:n]))
+    return KVCacheBlocks(tuple(out))
+
+
+def create_kv_cache_blocks(self: KVCacheManager, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+    """vLLM's ``KVCacheBlocks`` of ``blocks`` (one list per group; the manager's shared
+    empty one when every group is empty, as vLLM's). Builds a result and changes
+    nothing: a hit built here is checked where it is used (``allocate_slots`` takes
+    only the hit ``get_computed_blocks`` reports). Raises RequestError when ``blocks``
+    is not one list (or tuple) per group."""
+    if not isinstance(blocks, (tuple, list)) or len(blocks) != self.num_kv_cache_groups \
+            or not all(isinstance(g, (tuple, list)) for g in blocks):
+        raise RequestError(f"create_kv_cache_blocks takes one list of blocks per group "
+                           f"({self.num_kv_cache_groups}), got {blocks!r}")
+    return KVCacheBlocks(tuple(blocks)) if any(blocks) else self.empty_kv_cache_blocks
 
 
 def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None

@@ -112,8 +112,9 @@ def _group_of(spec: Any, enable_caching: bool) -> GroupSpec:
 
 
 def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
-    """A Mamba group in vLLM's ``align`` mode without speculative blocks (its checkpoint
-    blocks: checkpoints.py), or in its ``none`` mode with caching off: no state is
+    """A Mamba group in vLLM's ``align`` mode, its ``num_speculative_blocks`` held past
+    its state block (``mamba(ahead=S)``, groups/spec_states.py; its checkpoint blocks:
+    checkpoints.py), or in its ``none`` mode with caching off: no state is
     cached, a request holds the block of its last computed token's state and those
     after it (vLLM's ``MambaManager`` there is its base manager, releasing the blocks
     below ``get_num_skipped_tokens(n) = n - 1``): a window of 2 tokens, the query's
@@ -130,11 +131,7 @@ def _mamba_group(spec: MambaSpec, enable_caching: bool) -> GroupSpec:
     if spec.mamba_cache_mode != "align":
         raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
                                     f"or 'none' only, got {spec.mamba_cache_mode!r}")
-    if spec.num_speculative_blocks:  # (vLLM relocates them each step there: _relocate_speculative_block)
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's num_speculative_blocks in "
-                                    f"mamba_cache_mode='align' (got {spec.num_speculative_blocks}; 0 is "
-                                    f"offered there, any in 'none')")
-    return mamba()
+    return mamba(ahead=spec.num_speculative_blocks)
 
 
 def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
@@ -142,9 +139,9 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
     attention, align-mode Mamba and, with ``enable_caching`` off, none-mode Mamba
-    (align-mode Mamba with speculative blocks, none mode with caching on: ConfigError as
-    vLLM's assert, prefill-checkpoint blocks where ``checkpoints.read_checkpoints``
-    refuses them, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    (none-mode Mamba with caching on: ConfigError as vLLM's assert, prefill-checkpoint
+    blocks where ``checkpoints.read_checkpoints`` refuses them, HiSparse, encoder-only
+    and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
     ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
     are not one (``_check_sizes``; with ``enable_caching`` off the hash block is the

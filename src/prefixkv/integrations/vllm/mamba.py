@@ -222,10 +222,17 @@ def _eagle_alone(m: KVCacheManager, request: Request, prompt: Any, extra: Any, c
     b: int = m.cache_unit  # (what EAGLE drops: a block at one size, else a hash block)
     n: int = request.num_tokens
     run: int = m.core.lookup_per_group(prompt, extra=extra, peek=True)[m._mamba.first]
-    top: int = (n - 1 if cap is None else cap) // b * b + b
-    return max(0, min(run, top, n // b * b) - b)
+    cap = n - 1 if cap is None else cap
+    if not m.core.sizes.partial:  # (vLLM: its blocks within the cap and one block, less one, aligned)
+        fb = m.group_sizes[m._mamba.first]
+        run = min(run, min(cap + fb, n // m.hash_block_size * m.hash_block_size) // fb * fb)
+        hit = run - min(b, fb) if run else 0
+        return hit - hit % b
+    return max(0, min(run, cap // b * b + b, n // b * b) - b)
 
 
 def _before(m: KVCacheManager, key: int | None) -> Any:
     """The tables of the request ``key`` before its step (none for a new request)."""
-    return m.core.get_block_ids(key) if key is not None else ((),) * m.num_kv_cache_groups
+    if key is None:
+        return ((),) * m.num_kv_cache_groups
+    return checkpoints.running(m.core.get_block_ids(key), [s.ahead for s in m.core.groups])

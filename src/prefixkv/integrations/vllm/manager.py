@@ -31,10 +31,11 @@ from vllm.v1.request import Request
 
 from prefixkv.errors import RequestError, check_count
 
-from . import hits, queries
+from . import hits, queries, sessions
 from .block_hash_view import BlockHashView
 from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
+from .free_count import Reservation
 from .growth import grow
 from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
@@ -62,6 +63,7 @@ class KVCacheManager(StepCalls):
     _serves_lookahead = False  # (lookahead hashing: lookahead.LookaheadKVCacheManager)
     _built_with: tuple[tuple[Any, ...], dict[str, Any]]  # (``__new__``'s arguments: retention_setter.py)
     _tail_gap = 1  # the tokens a prompt's last Mamba boundary leaves after it (lookahead.py: max(1, L))
+    _watch_sessions = False  # whether a request's session is looked for (sessions.watch)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
         """A ``hisparse_manager.HiSparseKVCacheManager`` for a ``kv_cache_config`` with a
@@ -91,6 +93,8 @@ class KVCacheManager(StepCalls):
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
                  watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+        for call in ("allocate_slots", "cache_blocks"):  # (a rebuild, retention_setter.py: the class's
+            self.__dict__.pop(call, None)  # calls again, as sessions.py and free_count.py wrap them anew)
         layout, s = read_settings(kv_cache_config, scheduler_block_size=scheduler_block_size,
                                   hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
                                   pcp_world_size=pcp_world_size, use_eagle=use_eagle,
@@ -138,6 +142,8 @@ class KVCacheManager(StepCalls):
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
                                        peek=self.eagle_groups, lookahead=lookahead, eagle=use_eagle,
                                        shared_prefix=self.mamba_shared_prefix_checkpoint)
+        if use_eagle and self._mamba.sizes is not None:  # (EAGLE's positions: BlockSizes.eagle)
+            self._mamba.sizes = self.core.sizes
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         fine = self.core._fine if self._hybrid else ()  # (full attention larger than the hash block)
@@ -152,13 +158,15 @@ class KVCacheManager(StepCalls):
         self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
                                     metrics_collector=metrics_collector,
                                     enable_kv_cache_events=enable_kv_cache_events)
+        reservation = Reservation(self)  # (a write of the free count: free_count.py)
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, self.hash_block_size, enable_caching,
                                         lambda b: free_popped(self, b), lambda ids: self.evict_blocks(ids),
-                                        lambda: self.core.num_free_blocks,
+                                        reservation.free,
                                         self._telemetry.built_events, lambda: self.core.free_block_order(),
                                         lookups_for(self.core, layout, self.prepared_prompts,
                                                     self._blocks.table, offset, events),
-                                        lambda: enable_kv_cache_events and self.core.has_pending_events)
+                                        lambda: enable_kv_cache_events and self.core.has_pending_events,
+                                        reservation.write)
         if isinstance(view := self._blocks.hashes, BlockHashView):  # (its live requests' blocks)
             view.rows_of = partial(queries.rows_of, self)
         self.coordinator = CoordinatorView(self, layout)
@@ -168,6 +176,7 @@ class KVCacheManager(StepCalls):
         self._copies = CowCopies(self._blocks)  # partial hits' copies on write (step_calls.py)
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
+        sessions.watch(self)  # (session_id on BlockStored: sessions.py)
 
     # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
 
@@ -200,6 +209,7 @@ class KVCacheManager(StepCalls):
     get_computed_blocks = hits.get_computed_blocks
     get_computed_blocks_for_connector = hits.get_computed_blocks_for_connector
     truncate_computed_blocks = hits.truncate_computed_blocks
+    create_kv_cache_blocks = hits.create_kv_cache_blocks
 
     # ---- allocation ------------------------------------------------------------------------
 

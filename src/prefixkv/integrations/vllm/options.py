@@ -48,25 +48,23 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv offers lookahead hashing (num_hash_lookahead_tokens="
                                     f"{num_hash_lookahead_tokens}) on one full-attention group whose "
                                     f"block is the hash block, of 2 tokens or more, or beside Mamba "
-                                    f"groups with vLLM's fine-grained partial hits (Mamba groups and "
-                                    f"full attention of the hash block's size only), without "
-                                    f"use_eagle, only")
+                                    f"groups with vLLM's fine-grained partial hits (Mamba and "
+                                    f"full-attention groups only), without use_eagle, only")
     if watermark < 0:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
 
 
 def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
     """Whether prefixkv serves lookahead hashing on ``layout`` beside Mamba groups
-    (lookahead.py): full-attention groups of the hash block's size (of 2 tokens or more)
-    and Mamba groups only, with vLLM's fine-grained partial hits (a Mamba block larger
-    than the hash block), without ``use_eagle``. vLLM's hybrid coordinator then leaves
-    multi-module MTP's re-prefillable tokens to EAGLE's dropping groups, none: they change
-    no caching. (Full attention larger than the hash block: its partial tail entries
-    under lookahead differ from vLLM's, not served; docs/lookahead.md.)"""
+    (lookahead.py): full-attention groups (the hash block's size, of 2 tokens or more, or
+    larger: their partial tail entry moves up as the request's tokens after its prompt
+    become known, groups/partial_full.py) and Mamba groups only, with vLLM's fine-grained
+    partial hits (a Mamba block larger than the hash block), without ``use_eagle``.
+    vLLM's hybrid coordinator then leaves multi-module MTP's re-prefillable tokens to
+    EAGLE's dropping groups, none: they change no caching."""
     s = layout.sizes
-    return (not use_eagle and s.partial and s.hash_size >= 2 and all(
-        g.kind == "mamba" or g.kind == "full_attention" and b == s.hash_size
-        for g, b in zip(layout.groups, s.sizes, strict=True)))
+    return (not use_eagle and s.partial and s.hash_size >= 2
+            and all(g.kind in ("mamba", "full_attention") for g in layout.groups))
 
 
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:

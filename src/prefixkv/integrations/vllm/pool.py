@@ -22,6 +22,7 @@ from prefixkv.errors import RequestError, check_count
 
 from .block_hashes import CachedBlocks, HashLookups
 from .block_objects import HashSource, PoolBlock, RefCount
+from .free_links import FreeLinks
 from .layout import UnsupportedByPrefixKV
 
 __all__ = ["BlockPoolView", "Blocks"]
@@ -35,6 +36,7 @@ class Blocks:
     def __init__(self, num_blocks: int, num_groups: int, offset: int, refs: RefCount) -> None:
         self.offset, self._refs = offset, refs
         self.hashes: HashSource | None = None  # (the pool view's, set once it is built)
+        self.links: FreeLinks | None = None  # (the free queue view's: free_links.py)
         self.table: list[KVCacheBlock] = [self.fresh(i) for i in range(num_blocks)]
         # the object of prefixkv block id i is ``at(i)`` (``table[i + offset]``; the table
         # is never changed): ``of`` maps a group's ids in one C pass, not bytecodes an id
@@ -65,6 +67,11 @@ class Blocks:
         h = self.hashes
         return h is not None and h.keeping()
 
+    def free_neighbours(self, core_id: int) -> tuple[KVCacheBlock | None, KVCacheBlock | None]:
+        """``links.neighbours`` (free_links.py); (None, None) before it is set."""
+        links = self.links
+        return (None, None) if links is None else links.neighbours(core_id)
+
     def of(self, ids: Ids) -> KVCacheBlocks:
         """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
         every group is empty, as vLLM's manager returns it)."""
@@ -90,15 +97,27 @@ class Blocks:
 
 
 class _FreeQueueView:
-    """vLLM's free block queue, read-only: ``num_free_blocks`` (prefixkv's free count)
-    and ``get_all_free_blocks`` (prefixkv's free blocks in the order it reuses them)."""
+    """vLLM's free block queue: ``num_free_blocks`` (prefixkv's free count; a write
+    reserves blocks: free_count.py),
+    ``get_all_free_blocks`` (prefixkv's free blocks in the order it reuses them) and the
+    same order as vLLM's linked list: ``fake_free_list_head`` / ``fake_free_list_tail``
+    and the blocks' ``next_free_block`` / ``prev_free_block`` (free_links.py)."""
 
-    def __init__(self, count: Callable[[], int], blocks: Blocks, order: Callable[[], list[int]]) -> None:
-        self._count, self._blocks, self._order = count, blocks, order
+    def __init__(self, count: Callable[[], int], blocks: Blocks, order: Callable[[], list[int]],
+                 write: Callable[[int], None] | None = None) -> None:
+        self._count, self._blocks, self._order, self._write = count, blocks, order, write
+        blocks.links = links = FreeLinks(order, blocks.table, blocks.offset)
+        self.fake_free_list_head, self.fake_free_list_tail = links.head, links.tail
 
     @property
     def num_free_blocks(self) -> int:
         return self._count()
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, n: int) -> None:
+        if self._write is None:
+            raise UnsupportedByPrefixKV("free_block_queue.num_free_blocks: this manager's count is read-only")
+        self._write(n)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """The free blocks (empty, then cached ones least recently used first), in the
@@ -148,14 +167,15 @@ class BlockPoolView:
                  enable_caching: bool, free_fn: Callable[[Iterable[KVCacheBlock]], None],
                  evict_fn: Callable[[set[int]], None], free_count: Callable[[], int],
                  events_fn: Callable[[], list[Any]], free_order: Callable[[], list[int]],
-                 hashes: HashLookups, pending_events: Callable[[], bool]) -> None:
+                 hashes: HashLookups, pending_events: Callable[[], bool],
+                 write_free_count: Callable[[int], None] | None = None) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.hash_block_size = hash_block_size
         self.enable_caching = enable_caching
         self.null_block = blocks.null_block
         self.blocks = blocks.table
         self._free, self._evict, self._count, self._events = free_fn, evict_fn, free_count, events_fn
-        self.free_block_queue = _FreeQueueView(free_count, blocks, free_order)
+        self.free_block_queue = _FreeQueueView(free_count, blocks, free_order, write_free_count)
         self._hashes = hashes
         blocks.hashes = hashes.block_view  # (the block objects' hash: block_hash_view.py)
         self.cached_block_hash_to_block = CachedBlocks(hashes)

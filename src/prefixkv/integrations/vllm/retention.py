@@ -32,7 +32,6 @@ from dataclasses import replace
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 
 from prefixkv.errors import ConfigError
-from prefixkv.groups import mamba
 from prefixkv.groups.spec import FULL, MAMBA, SLIDING
 
 from .layout import Layout, UnsupportedByPrefixKV
@@ -66,8 +65,8 @@ def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_blo
                           f"multiple of scheduler_block_size ({scheduler_block_size})")
     if _applies(layout, interval, use_eagle):
         return interval, replace(layout, groups=tuple(
-            replace(g, retention=interval) if g.kind == SLIDING else  # (blocks ahead kept: spec_blocks.py)
-            mamba(retention=interval) if g.kind == MAMBA else g for g in layout.groups))
+            replace(g, retention=interval) if g.kind in (SLIDING, MAMBA) else g  # (blocks ahead kept)
+            for g in layout.groups))
     if interval:
         raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
                                     f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
@@ -88,9 +87,30 @@ def _applies(layout: Layout, interval: int, use_eagle: bool) -> bool:
     loads call), or beside Mamba's checkpoint blocks and full attention (any interval:
     the sized calls serve them; checkpoints.py)."""
     kinds = {g.kind for g in layout.groups}
-    if use_eagle or not all(g.cached for g in layout.groups):
+    if use_eagle:
+        return _beside_eagle(layout, kinds)
+    if not all(g.cached for g in layout.groups):
         return False
     if layout.sizes.one_size:  # (Mamba's checkpoint blocks: the sized calls, any interval)
         return bool(interval) and kinds <= {FULL, SLIDING} or layout.sizes.checkpoints and FULL in kinds \
             and kinds <= {FULL, MAMBA}
     return FULL in kinds and kinds <= {FULL, SLIDING, MAMBA}
+
+
+def _beside_eagle(layout: Layout, kinds: set[str]) -> bool:
+    """Whether prefixkv applies the interval beside EAGLE (``use_eagle``): Mamba groups
+    beside full attention, with vLLM's fine-grained partial hits (groups of different
+    block sizes or a smaller hash block: ``BlockSizes.eagle``), each Mamba group one of
+    vLLM's EAGLE groups (none flagged ``is_eagle_group``, or it or a group of its spec:
+    vLLM's Mamba manager then keeps the state one block below a junction too). vLLM
+    keeps a Mamba state there at each segment's end, at EAGLE's replay boundaries, the
+    prompt's checkpoint and the junction (groups/eagle_retention.py ``eagle_marks``)."""
+    sizes = layout.sizes
+    if sizes.one_size or not all(g.cached for g in layout.groups):
+        return False
+    if kinds == {FULL, SLIDING}:  # (windows: their tails one block up where they peek: groups/sizes.py)
+        return not sizes.partial
+    flags = layout.eagle_flags
+    flagged = {s for s, f in zip(layout.specs, flags, strict=True) if f}  # (vLLM: a spec's groups alike)
+    return sizes.partial and kinds == {FULL, MAMBA} and (not flagged or all(
+        s in flagged for g, s in zip(layout.groups, layout.specs, strict=True) if g.kind == MAMBA))

@@ -32,6 +32,7 @@ from prefixkv.core.prompt import Prompt
 from prefixkv.errors import PromptTooLongError, RequestError, check_count
 from prefixkv.extra_keys import ExtraKeys
 
+from . import sessions
 from .growth import grow_live
 from .layout import UnsupportedByPrefixKV
 from .requests import core_tokens, extra_keys_of
@@ -82,6 +83,10 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
         keep += m.watermark_blocks
     key = m._keys.get(request.request_id)
     if key is None:
+        if m._watch_sessions:  # (a first request of a session is bracketed: sessions.py)
+            return sessions.admitting(admit, m, request, num_new_tokens, num_new_computed_tokens,
+                                      num_external_computed_tokens, num_lookahead_tokens,
+                                      delay_cache_blocks, full_sequence_must_fit, keep)
         return admit(m, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
                      full_sequence_must_fit, keep)
