@@ -62,3 +62,25 @@ def test_a_block_given_another_entry_loses_its_own_first():
     s.sound()
     assert s.index.find(0, whole[1]) is b and s.index.nodes[b.block_id] is whole[1]
     assert s.index.fine.holds(b, other[0]) and not s.index.fine.holds(b, whole[0])
+
+
+def test_a_primary_evicted_gives_its_partial_entry_up_to_its_spare():
+    """Full attention at 8 beside Mamba at 4 (hash 2): r and s compute the same 7-token
+    prompt, then 3 more tokens, each without reading the cache: both full-attention
+    blocks 0 (1, r's primary; 5, s's spare) hold the prompt's entry at 6 beside the
+    whole key. r freed, x's admission evicts block 1 (Mamba takes it): the spare holds
+    the prefix and the entry alone, and a reader of 6 tokens finds block 5 only, never
+    the block x writes. (mutants-r30: the evicted primary kept as the entry's holder.)"""
+    m = _manager(8, num_blocks=12)
+    prompt = [0, 0, 1, 1, 2, 2, 3]
+    for rid in ("r", "s"):
+        m.add_request(rid, prompt, read_cache=False)
+        m.append_tokens(rid, [3, 4, 4])
+    assert [m.get_block_ids(rid)[0] for rid in ("r", "s")] == [(1, 3), (5, 7)]
+    assert {k: [b.block_id for b in v] for k, v in m._index.fine.holders.items()} == {(0, 3): [1, 5]}
+    m.free("r")
+    got = m.add_request("x", list(range(100, 148)))
+    assert got.group_block_ids == ((4, 2, 3, 9, 10, 11), (0,) * 11 + (1,))
+    assert [b.block_id for b in m._index.fine.holders[(0, 3)]] == [5]
+    assert m.prefix_probe(prompt).copies(6, 0) == (5,)
+    m.check_invariants()

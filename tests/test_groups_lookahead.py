@@ -129,3 +129,28 @@ def test_full_attentions_partial_entry_moves_up_as_the_tokens_after_the_prompt_b
     m.free("a")
     m.check_invariants()
     assert (m.lookup(reader), m.lookup_per_group(reader)[0]) == (8, 12)
+
+
+def test_know_tokens_without_lookahead_finds_the_request_and_changes_nothing():
+    """Without lookahead keys (L = 0) ``know_tokens`` only finds the request (an unknown id
+    is refused by name): what a lookup finds stays as it was. (mutants-r30)"""
+    m = _manager(0)
+    m.add_request("0", [0, 0, 1, 1, 2, 2], num_new_tokens=4)
+    before = m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])
+    assert m.know_tokens("0", [0, 0, 1, 1, 2, 2, 3, 3]) is None
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5]) == before == (4, 4)
+    with pytest.raises(RequestError):
+        m.know_tokens("x", [0, 0])
+    m.check_invariants()
+
+
+def test_know_tokens_given_a_prefix_of_the_requests_own_changes_nothing():
+    """L = 2: a prompt of 6 keys blocks 0 and 1; told fewer tokens than its own (a prefix
+    of them: its block 2's first token only), the request keeps its keys, nothing is
+    refused, and a lookup finds what it found. (mutants-r30: the comparison of the known
+    tokens with the request's own, cut to the shorter.)"""
+    m = _manager(2)
+    m.add_request("0", [0, 0, 1, 1, 2, 2], num_new_tokens=6)
+    assert m.know_tokens("0", [0, 0, 1, 1, 2]) is None
+    assert m.lookup_per_group([0, 0, 1, 1, 2, 2, 3, 3, 5])[0] == 4
+    m.check_invariants()

@@ -101,3 +101,46 @@ def test_a_tail_entry_stays_with_the_spare_that_takes_its_blocks_prefix():
     assert [(e.group_idx, e.block_ids, len(e.token_bytes)) for e in events if isinstance(e, GroupBlockStored)
             and e.group_idx == 1 and len(e.token_bytes) == 4 * 8] == [(1, (2,), 32)]
     m.check_invariants()
+
+
+def test_a_spare_freed_gives_up_its_tail_entry_and_the_last_holder_withdraws_it():
+    """r and s admit the same prompt of 16 tokens (as above): both group 1 blocks (2, r's
+    primary; 5, s's spare) hold the partial tail entry of hash block 0. s freed, its spare
+    returns empty and no longer holds the entry (no event: r's block still does); r freed
+    and block 2 evicted by x's admission, the prefix and then the entry are withdrawn
+    there. (mutants-r30: a spare's entry kept, the last holder's withdrawal is missing.)"""
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    m = HybridKVCacheManager(specs, 12, sizes, enable_events=True, seed=0)
+    hashes = m.prepare(list(range(16))).hashes
+    m.add_request("r", list(range(16)))
+    m.add_request("s", list(range(16)))
+    assert sorted(m._index.tails) == [2, 5]
+    m.take_events()
+    m.free("s")
+    assert m.take_events() == [] and sorted(m._index.tails) == [2]
+    m.check_invariants()
+    m.free("r")
+    got = m.add_request("x", list(range(50, 114)))
+    assert got.group_block_ids == ((5, 4, 3, 6, 7, 8, 9, 10), (11, 1, 0, 2))
+    assert [(e.group_idx, e.block_ids, e.block_hashes) for e in m.take_events()
+            if isinstance(e, GroupBlockRemoved) and e.group_idx == 1] == [(1, (2,), (hashes[1],)),
+                                                                         (1, (2,), (hashes[0],))]
+    m.check_invariants()
+
+
+def test_a_reset_forgets_the_tail_entries_and_the_same_prompt_announces_its_own_again():
+    """r's 16-token prompt leaves block 2 (group 1) holding the tail entry of hash block 0;
+    r freed, the cache reset: no block holds an entry any more (the checks agree), and s,
+    the same prompt, has its own announced in its block 5. (mutants-r30: the entries
+    kept by ``GroupIndex.clear``.)"""
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    m = HybridKVCacheManager(specs, 12, sizes, enable_events=True, seed=0)
+    assert m.add_request("r", list(range(16))).group_block_ids == ((0, 1), (2,))
+    m.free("r")
+    assert m.reset_prefix_cache()
+    assert dict(m._index.tails) == {} and not m._index.tails.held
+    m.check_invariants()
+    m.take_events()
+    assert m.add_request("s", list(range(16))).group_block_ids == ((3, 4), (5,))
+    assert _tails(m) == [(1, 0)]
+    m.check_invariants()

@@ -141,3 +141,86 @@ def test_a_primary_hands_its_prefix_to_the_first_spare_made():
     m.uncache_blocks(a1)
     assert [t[1] for t in m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])] == b1
     m.check_invariants()
+
+
+def test_uncaching_a_shared_block_takes_the_spares_of_what_was_computed_after_it():
+    """a and b share block 0 (twins: b's hit); its KV found invalid, the prefix goes and
+    with it block 1's, computed after it: a's primaries and b's spares alike lose it
+    (a spare kept would take the primary's place and keep a prefix computed from invalid
+    KV cached), withdrawn once per group; freed, all six blocks return empty. (b's spares
+    are among the blocks ``uncache`` is given: ``computed_on``.)"""
+    m = twins(13, enable_events=True)
+    m.take_events()
+    assert {r: m.get_block_ids(r) for r in "ab"} == {"a": ((1, 2), (3, 4)), "b": ((1, 5), (3, 6))}
+    m.uncache_blocks([1, 3])
+    assert [(e.group_idx, e.block_ids) for e in m.take_events() if isinstance(e, GroupBlockRemoved)] == [
+        (0, (1,)), (1, (3,)), (0, (2,)), (1, (4,))]
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
+    assert [m._index.nodes[i] for i in (1, 2, 3, 4, 5, 6)] == [None] * 6
+    m.check_invariants()
+    m.free("a")
+    m.free("b")
+    assert m.free_block_order()[:6] == [6, 3, 5, 1, 4, 2]
+    m.check_invariants()
+
+
+def test_a_request_freed_before_computing_takes_the_spares_built_on_its_blocks():
+    """a's block 0 (1..4) is recorded when scheduled; o and p hit it (at most 4 tokens) and
+    each compute block 1 (5..8): p's are spares of o's. a freed with no token computed:
+    block 0 never held that KV, so its prefix goes and with it block 1's, o's primaries
+    and p's spares alike (a spare kept would take its primary's place, a prefix computed
+    on KV never written still cached), withdrawn once per group. (mutants-r30: ``uncache``'s
+    spares of a forgotten prefix, the only path that is not given them.)"""
+    m = HybridKVCacheManager([FULL, SW8], 16, 4, seed=0, enable_events=True)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    for rid in ("o", "p"):
+        assert m.add_request(rid, [1, 2, 3, 4, 5, 6, 7, 8, 9], max_hit_tokens=4).num_cached_tokens == 4
+    assert [m.get_block_ids(rid) for rid in ("o", "p")] == [((1, 5, 6), (3, 7, 8)), ((1, 9, 10), (3, 11, 12))]
+    m.take_events()
+    m.free("a", num_computed_tokens=0)
+    assert [(e.group_idx, e.block_ids) for e in m.take_events() if isinstance(e, GroupBlockRemoved)] == [
+        (0, (1,)), (1, (3,)), (0, (5,)), (1, (7,))]
+    assert [m._index.nodes[i] for i in (1, 3, 5, 7, 9, 11)] == [None] * 6
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
+    m.check_invariants()
+
+
+def test_what_a_request_computes_after_its_invalid_first_block_is_never_found():
+    """a and b (not reading the cache) compute the same block 0, b's a spare of a's. a's
+    block 0 found invalid: b's keeps the prefix found, but what a computes after it (its
+    block 1, on KV never right) is never found: a reader hits b's block 0 only.
+    (mutants-r30: ``cut_off`` not asking about block 0 found a's block 1: a wrong KV.)"""
+    m = HybridKVCacheManager([FULL, SW8], 16, 4, seed=0)
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    m.add_request("b", [1, 2, 3, 4, 5, 6], read_cache=False)
+    assert [m.get_block_ids(rid) for rid in ("a", "b")] == [((1, 2), (3, 4)), ((5, 6), (7, 8))]
+    m.uncache_blocks([1, 3])
+    m.append_tokens("a", [7, 8])
+    assert m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9]) == ((5,), (7,))
+    m.check_invariants()
+
+
+def test_check_invariants_finds_an_entry_whose_block_names_another_prefix():
+    m = twins(12)
+    pid, block = next(iter(m._index.entries[0].items()))  # (corrupted here on purpose)
+    block.content_id = pid + 1000
+    with pytest.raises(InvariantError, match=f"entry {pid} -> .* does not match the block"):
+        m.check_invariants()
+
+
+def test_check_invariants_finds_a_block_with_a_key_but_no_prefix():
+    m = twins(12)
+    m.add_request("c", [9, 9])  # (its block holds 2 tokens: no prefix)
+    block = m._pool.blocks[m.get_block_ids("c")[0][0]]
+    assert block.key is None and m._index.nodes[block.block_id] is None
+    block.key = b"x" * 16  # (corrupted here on purpose)
+    with pytest.raises(InvariantError, match=f"block {block.block_id}: key .* but prefix None"):
+        m.check_invariants()
+
+
+def test_check_invariants_finds_a_prefix_whose_spares_are_listed_empty():
+    m = twins(12)
+    pid = next(iter(m._index.twins[0]))
+    m._index.twins[0][pid] = []  # (corrupted here on purpose)
+    with pytest.raises(InvariantError, match=f"spares \\[\\] of prefix {pid}, which it does not find"):
+        m.check_invariants()

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from prefixkv import KVCacheManager, PrefixKVError, PromptTooLongError
-from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.groups.fit import least_blocks
 
 PROMPT = list(range(1000))
@@ -111,3 +111,22 @@ def test_least_blocks_is_a_bound_no_admission_beats(groups, n, num_new, lookahea
     for capacity in range(least + 3):
         assert (least_blocks(groups, bs, n, num_new, lookahead, full_fit, capacity) > capacity) \
             == (least > capacity)
+
+
+@pytest.mark.parametrize(("num_new", "full_fit", "needed"), [(None, False, 9), (8, True, 9), (None, True, 9),
+                                                             (8, False, None)])
+def test_at_two_sizes_the_admission_step_counts_beyond_the_prefills_end(num_new, full_fit, needed):
+    """A window of 8 at block 8 beside full attention at 16, 8 usable blocks: a 64-token
+    prompt ends its prefill holding 5 (the window's last 2 blocks, 4 of full attention),
+    but admitted in one step (or needing its whole sequence to fit) it holds 9 at once,
+    whatever its hit: refused by name. In steps of 8 it fits. (mutants-r30:
+    ``sized_admission.least_blocks``' count after an admission dropped or negated, its
+    full-fit term dropped; open since mutants-r29.)"""
+    m = HybridKVCacheManager((sliding_window(8), full_attention()), 9, BlockSizes.of([8, 16], 8, 32))
+    if needed is None:
+        assert m.add_request("a", PROMPT[:64], num_new_tokens=num_new).group_block_ids == ((1,), (2,))
+        return
+    with pytest.raises(PromptTooLongError) as info:
+        m.add_request("a", PROMPT[:64], num_new_tokens=num_new, require_full_fit=full_fit)
+    assert (info.value.num_tokens, info.value.needed, info.value.capacity) == (64, needed, 8)
+    assert m.free_block_order() == list(range(1, 9))

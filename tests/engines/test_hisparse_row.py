@@ -171,7 +171,9 @@ def test_caller_mistakes_raise_before_any_change() -> None:
     row.grow(4)
     assert row.plan(3, 1) == [0]
     for call in (lambda: row.confirm(1), lambda: row.unpin(0), lambda: row.lose(0), lambda: row.state(4),
-                 lambda: row.plan(5, 1), lambda: row.plan(1, -1), lambda: row.grow(-1)):
+                 lambda: row.plan(5, 1), lambda: row.plan(1, -1), lambda: row.grow(-1),
+                 lambda: row.start_host(2), lambda: row.adopt(1), lambda: row.asks_for_hot(-1, 1, 1)):
+        # (a hit starts an empty row; only a HOST page adopts a GPU copy: mutants-r30)
         with pytest.raises(RequestError):
             call()
         assert [row.state(p) for p in range(4)] == [IN_FLIGHT, DIRTY, DIRTY, DIRTY] and row.ready == 0
@@ -186,6 +188,12 @@ def test_caller_mistakes_raise_before_any_change() -> None:
     with pytest.raises(RequestError, match="may not be unpinned"):
         row.unpin(3)
     assert row.state(3) == CLEAN
+    for call, what in ((lambda: row.unpin(1), "unpin page 1: it is IN_FLIGHT"),
+                       (lambda: row.restore(0), "restore page 0: it is CLEAN"),
+                       (lambda: row.restored(0), "restored page 0: it is CLEAN")):
+        with pytest.raises(RequestError, match=what):  # (mutants-r30)
+            call()
+    assert [row.state(p) for p in range(4)] == [CLEAN, IN_FLIGHT, IN_FLIGHT, CLEAN]
 
 
 def test_check_invariants_finds_a_broken_row() -> None:
@@ -203,6 +211,9 @@ def test_check_invariants_finds_a_broken_row() -> None:
     row.check_invariants()
     row._states[2] = UNPINNED
     with pytest.raises(InvariantError, match="among the last"):
+        row.check_invariants()
+    row._states[2] = "DIRTY"  # (not a PageState: mutants-r30)
+    with pytest.raises(InvariantError, match="unknown page state"):
         row.check_invariants()
 
 

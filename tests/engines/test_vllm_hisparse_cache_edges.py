@@ -30,14 +30,20 @@ def _none_hash() -> None:
     init_none_hash(sha256)
 
 
-def _published(m: Any) -> None:
-    """A 64-token request computed, its 4 copies confirmed, freed finished."""
+def _computed(m: Any) -> tuple[Any, Any, list[int]]:
+    """A 64-token request computed, its 4 copies to host sent: the seam, the request and
+    the copies' ids."""
     seam = get_hisparse_coordinator(m)
     first = _request("first", list(range(64)), BS)
     m.allocate_slots(first, 64)
     seam.advance_scheduled([("first", 64)])
     first.num_computed_tokens = 64
-    sent = [t.transfer_id for t in seam.build_offload_command().page_transfers]
+    return seam, first, [t.transfer_id for t in seam.build_offload_command().page_transfers]
+
+
+def _published(m: Any) -> None:
+    """A 64-token request computed, its 4 copies confirmed, freed finished."""
+    seam, first, sent = _computed(m)
     seam.update_spills(dict.fromkeys(sent, 1), dict.fromkeys(sent, 1))
     first.status = RequestStatus.FINISHED_STOPPED
     m.free(first)
