@@ -20,7 +20,7 @@ from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
 from ..index.announce import Prepared
-from . import lookahead
+from . import loads, lookahead
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
@@ -154,9 +154,10 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
         per_group = lengths(per_group, ahead)
     # a sparse group takes the block where this step ends only (its lookahead slots
-    # get theirs when a step ends there: decode.py), if past the hit and its cut
-    end = blocks_for(total, bs) - 1
-    taken = [int(covered - p <= end) if s.sparse else p
+    # get theirs when a step ends there: decode.py), if past the hit and its cut, and
+    # after a load the block where it ends (the state the load writes: ``loads``)
+    places = loads.places(bs, num_cached, first, total)
+    taken = [loads.count(places, covered - p) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
     fit = 0
     if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
@@ -168,17 +169,20 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
                 if last > k else None)
     fresh = self._pool.acquire(held, sum(taken))[len(held):]
+    if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
+        fresh = loads.in_order(fresh, taken, [covered - p for p in per_group],
+                               [blocks_for(first, bs)] * len(taken), [s.sparse for s in self.groups])
     for g, h in enumerate(hits):
         new, fresh = fresh[:taken[g]], fresh[taken[g]:]
         self._index.own(g, new)
         row: list[Block | None] = list(new)
-        if self.groups[g].sparse:  # (None but where the step ends)
-            row = [None] * per_group[g]
-            if new:
-                row[end - (covered - per_group[g])] = new[0]
+        if self.groups[g].sparse:  # (None but where the step ends, and the load)
+            row = loads.row(places, covered - per_group[g], per_group[g], new)
         req.tables[g] = [None] * min(cuts[g], covered) + h + row
         req.cut[g] = min(cuts[g], covered)
         self._hit_blocks[g] += len(h)
+    if self._sparse and first > num_cached:
+        loads.mark(self._sparse, (bs,) * len(self.groups), req, first)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
 

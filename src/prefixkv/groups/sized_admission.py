@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_eagle, partial_full
+from . import checkpoints, loads, partial, partial_eagle, partial_full
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -166,9 +166,12 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         more = lengths(more, ahead)
     # a sparse group takes the block where this step ends only, if a new entry (its
     # lookahead slots get theirs when a step ends there)
-    ends = [blocks_for(total, b) - 1 for b in sizes]
-    taken = [int(v - m <= e) if s.sparse else m
-             for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
+    # (and after a load the block where it ends: groups/loads.py)
+    where = [loads.places(b, num_cached, first, total) if s.sparse else ()
+             for s, b in zip(self.groups, sizes, strict=True)]
+    ends = [w[-1] if w else 0 for w in where]
+    taken = [loads.count(w, v - m) if s.sparse else m
+             for s, v, m, w in zip(self.groups, covered, more, where, strict=True)]
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
         taken[g] += 1  # (first of its new blocks: the copy on write)
@@ -191,18 +194,21 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     keyed = total // h if not self._lookahead else min(total // h, len(req.keys.mm))  # type: ignore[arg-type]
     if keyed > k:  # (under lookahead keys, those known: groups/lookahead.py)
         prepared = self._prepare(req, k, keyed, nodes[-1] if nodes else None, prompt)
-    fresh = iter(self._pool.acquire(held, sum(taken))[len(held):])
+    got = self._pool.acquire(held, sum(taken))[len(held):]
+    if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
+        got = loads.in_order(got, taken, [v - m for v, m in zip(covered, more, strict=True)],
+                             [blocks_for(first, b) for b in sizes], [s.sparse for s in self.groups])
+    fresh = iter(got)
     req.cut = cuts
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
         copy = new.pop(0) if g in cows else None
         if self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
-            row: list[Block | None] = [None] * m
-            if new:
-                row[ends[g] - (covered[g] - m)] = new[-1]
-            if g in marks:
-                row[ends[g] - 1 - (covered[g] - m)] = new[0]
+            ck = new.pop(0) if g in marks else None
+            row = loads.row(where[g], covered[g] - m, m, new)
+            if ck is not None:
+                row[ends[g] - 1 - (covered[g] - m)] = ck
             new = row
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
@@ -213,6 +219,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)
+        if first > num_cached:  # (a load's: groups/loads.py)
+            loads.mark(self._sparse, sizes, req, first)
     if marks:
         checkpoints.note(self, req, num_cached, total, rows, last)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)

@@ -299,10 +299,11 @@ class KVCacheManager(StepCalls):
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises
         RequestError for ids that are not vLLM block ids, UnsupportedByPrefixKV beside
-        a Mamba group (the recompute would start from a state no block may hold; vLLM's
-        reads its null block), nothing changed."""
-        if self._mamba.groups:
-            raise UnsupportedByPrefixKV("prefixkv does not offer evict_blocks beside a Mamba group")
+        a Mamba group for a block a live request holds (its recompute would start from
+        a state no block may hold; vLLM's reads its null block), nothing changed."""
+        if self._mamba.groups and any(self.core.ref_cnt(i) for i in self._blocks.core_ids(block_ids)):
+            raise UnsupportedByPrefixKV("prefixkv does not offer evict_blocks beside a Mamba group "
+                                        "on blocks a live request holds")
         evict(self, block_ids)
 
     def reset_prefix_cache(self) -> bool:
