@@ -66,7 +66,9 @@ def add_request(
     writes (a connector's load; scheduled or reserved as the other counts say): the
     request's first query sits after them, so a windowed group takes no block that
     only positions below its reach hold (their entries are released ones, never
-    written nor cached; vLLM gives them its null block).
+    written nor cached; vLLM gives them its null block), and a sparse (Mamba) group
+    none of the hit's but the block where the load ends, whose state the source
+    writes (groups/loads.py).
     ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
     prefix every group serves within it, not the longest hit cut short (a window's
     blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
@@ -156,7 +158,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut, and
     # after a load the block where it ends (the state the load writes: ``loads``)
-    places = loads.places(bs, num_cached, first, total)
+    places = loads.places(bs, num_cached, first, total) if self._sparse else ()
     taken = [loads.count(places, covered - p) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
     fit = 0

@@ -218,8 +218,10 @@ class KVCacheManager(StepCalls):
         of more than ``max_model_len`` tokens (vLLM refuses such prompts before they
         reach its manager, which has no answer for them: it gives slots for
         ``max_model_len`` of their tokens, or with KV events on raises IndexError).
-        Beside a Mamba group: UnsupportedByPrefixKV for lookahead or external tokens,
-        and None for a new request whose hit ends on a state cached this step (mamba.py)."""
+        Beside a Mamba group: UnsupportedByPrefixKV for lookahead tokens, and for
+        external tokens beside EAGLE, lookahead hashing, Mamba's checkpoints or sparse
+        retention (``mamba.check_call``), and None for a new request whose hit ends on a
+        state cached this step (mamba.py)."""
         # (no closure: its cells would be made on every call, decode steps' included)
         args = (self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
