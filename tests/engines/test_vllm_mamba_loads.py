@@ -243,3 +243,25 @@ def test_a_load_ending_inside_a_mamba_block_caches_no_state_there():
     assert ours.get_computed_blocks(sides.make_request(ours, "p", probe))[1] == 0
     probe = prompt[:32] + [7] * 20
     assert _hit(sides, probe) == 32  # (the step's state, right on both sides)
+
+
+def test_a_load_that_failed_beside_mamba_is_refused_by_name():
+    # vLLM's scheduler, a load of 32 failed from 16 on: cache_blocks(16) (the tokens
+    # that landed), then it resumes the request from 16, whose state no block holds
+    # (vLLM's table: its null block there). prefixkv refuses by name, nothing changed;
+    # the load landing whole goes on; a request freed while loading is forgotten
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    sides = LoadSides(ONE_SIZE["full16+mamba16"])
+    prompt = list(range(40))
+    sides.do("load", prompt, (32, 0, True))
+    m, r = sides.ms[1], sides.reqs[1]["r1"]
+    with pytest.raises(UnsupportedByPrefixKV, match="failed load beside a Mamba group"):
+        m.cache_blocks(r, 16)
+    assert m._mamba.loading == {"r1": 32} and _hit(sides, prompt) == 0
+    sides.do("land", 0, 0)
+    assert not m._mamba.loading and _hit(sides, prompt) == 32
+    sides.do("load", prompt[:32] + [5] * 20, (16, 0, True))
+    assert len(m._mamba.loading) == 1 and len(sides.reqs[1]) == 2
+    sides.do("free", 1, 0)
+    assert sorted(sides.reqs[1]) == ["r1"] and not m._mamba.loading

@@ -38,7 +38,7 @@ from .coordinator import CoordinatorView
 from .growth import grow
 from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
-from .mamba import StepCache, allocating, check_call, noting
+from .mamba import StepCache, allocating, check_call, check_landing, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -236,6 +236,8 @@ class KVCacheManager(StepCalls):
             run = partial(allocate, *args)  # (a step of one token jumps no Mamba entry)
             out = noting(self, request, num_new_computed_tokens, run) if num_new_tokens < 2 else \
                 allocating(self, request, num_new_computed_tokens, run)
+            if out is not None and delay_cache_blocks and num_external_computed_tokens and admitted:
+                self._mamba.loading[request.request_id] = loaded  # (until it lands: check_landing)
         else:
             out = allocate(*args)
         if out is not None and self._zeroes:  # (zeroing.py)
@@ -257,9 +259,12 @@ class KVCacheManager(StepCalls):
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
         its finished steps computed, less multi-module MTP's re-prefillable ones; capped at
         what ``request.all_token_ids`` knows).
-        Raises RequestError for a count that is not an int >= 0."""
+        Raises RequestError for a count that is not an int >= 0, UnsupportedByPrefixKV
+        beside a Mamba group for a load that failed (``mamba.check_landing``)."""
         if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
             check_count("num_computed_tokens", num_computed_tokens, 0, None)
+        if self._mamba.loading:  # (a load beside Mamba lands: mamba.py)
+            check_landing(self, request, num_computed_tokens)
         key = self._keys.get(request.request_id)
         if key is None or not self.enable_caching:
             return
