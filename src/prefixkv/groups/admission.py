@@ -172,8 +172,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
                 if last > k else None)
     fresh = self._pool.acquire(held, sum(taken))[len(held):]
     if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
-        fresh = loads.in_order(fresh, taken, [covered - p for p in per_group],
-                               [blocks_for(first, bs)] * len(taken), [s.sparse for s in self.groups])
+        end = blocks_for(first, bs)
+        fresh = loads.in_order(fresh, taken, [loads.loaded(t, covered - p, end, places if s.sparse else None)
+                                              for t, p, s in zip(taken, per_group, self.groups, strict=True)])
     for g, h in enumerate(hits):
         new, fresh = fresh[:taken[g]], fresh[taken[g]:]
         self._index.own(g, new)

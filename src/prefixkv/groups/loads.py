@@ -35,7 +35,7 @@ from ..core.block import Block, blocks_for
 if TYPE_CHECKING:
     from .request import GroupRequest
 
-__all__ = ["count", "in_order", "mark", "places", "row"]
+__all__ = ["count", "in_order", "loaded", "mark", "places", "row"]
 
 
 def places(block_size: int, hit: int, first: int, total: int) -> tuple[int, ...]:
@@ -75,16 +75,23 @@ def mark(sparse: Sequence[int], sizes: Sequence[int], req: GroupRequest, first: 
             req.states.add((g, first // b - 1))
 
 
-def in_order(fresh: list[Block], taken: Sequence[int], starts: Sequence[int], first: Sequence[int],
-             sparse: Sequence[bool]) -> list[Block]:
+def in_order(fresh: list[Block], taken: Sequence[int], below: Sequence[int]) -> list[Block]:
     """``fresh`` (``sum(taken)`` blocks) dealt as vLLM takes them at a load: each
-    group's blocks below the load's end (``first[g]``: its entries there; ``starts[g]``:
-    its first new entry; a sparse group's first block is the load's), group after
+    group's first ``below[g]`` blocks (those of the load: ``loaded``), group after
     group, then the rest, group after group. Returns them in group order, as the
     admission hands them out (``taken[g]`` per group)."""
-    below = [min(t, 1 if s else max(0, f - a))
-             for t, a, f, s in zip(taken, starts, first, sparse, strict=True)]
     it = iter(fresh)
     heads = [[next(it) for _ in range(n)] for n in below]
     return [b for h, t, n in zip(heads, taken, below, strict=True)
             for b in h + [next(it) for _ in range(t - n)]]
+
+
+def loaded(taken: int, start: int, end: int, where: tuple[int, ...] | None) -> int:
+    """How many of a group's ``taken`` new blocks (entries from ``start``) vLLM takes
+    for a load ending in entry ``end - 1`` (``allocate_external_computed_blocks``):
+    those below ``end``; a sparse group's (``where``: its ``places``), the first of
+    ``where`` when new (else its new blocks are the step's: a copy on write of the
+    hit's block, where the load ends inside it, included)."""
+    if where is None:
+        return min(taken, max(0, end - start))
+    return min(taken, count(where[:1], start))

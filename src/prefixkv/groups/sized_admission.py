@@ -196,8 +196,9 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         prepared = self._prepare(req, k, keyed, nodes[-1] if nodes else None, prompt)
     got = self._pool.acquire(held, sum(taken))[len(held):]
     if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
-        got = loads.in_order(got, taken, [v - m for v, m in zip(covered, more, strict=True)],
-                             [blocks_for(first, b) for b in sizes], [s.sparse for s in self.groups])
+        got = loads.in_order(got, taken, [
+            loads.loaded(t, v - m, blocks_for(first, b), w if s.sparse else None)
+            for t, v, m, b, w, s in zip(taken, covered, more, sizes, where, self.groups, strict=True)])
     fresh = iter(got)
     req.cut = cuts
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):
