@@ -128,7 +128,8 @@ class LoadSides(Sides):
                     assert ids[g][-(-end // b) - 1] != 0, (g, end, ids[g])
 
 
-OPS = st.lists(st.one_of(OP, LOAD, LAND), min_size=4, max_size=30)
+# (loads and landings weighed up: ``one_of`` draws a branch of OP's four as often)
+OPS = st.lists(st.one_of(OP, LOAD, LAND, LOAD.map(tuple), LAND.map(tuple)), min_size=6, max_size=30)
 
 
 @pytest.mark.parametrize("small", [False, True])
