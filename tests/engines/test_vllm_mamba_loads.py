@@ -146,6 +146,7 @@ def test_loads_beside_mamba_give_vllms_tables_and_hits(layout, small, ops, probe
         if sides.short:
             return
         sides.compare(probe)
+        sides.ms[1].core.check_invariants()
         if any(sides.ms[1].core._index.twins):
             return
 
