@@ -36,8 +36,8 @@ def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_comput
     """Raises UnsupportedByPrefixKV, before any change, for what prefixkv does not offer
     beside a Mamba group: lookahead slots (vLLM's align mode leaves them out of its
     Mamba group only), and tokens a connector loads beside EAGLE, lookahead hashing,
-    Mamba's chunk-end checkpoints, its sparse retention or full attention larger than
-    the hash block (its copies on write: hit_caps.py; loads are served beside
+    Mamba's chunk-end checkpoints, its sparse retention or speculative blocks or full
+    attention larger than the hash block (its copies on write: hit_caps.py; loads are served beside
     the rest: the Mamba group takes the block where the load ends, groups/loads.py)."""
     if not m._mamba.groups:
         return
@@ -45,11 +45,12 @@ def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_comput
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead slots beside a Mamba group "
                                     f"(num_lookahead_tokens={num_lookahead_tokens})")
     if num_external_computed_tokens and (m.use_eagle or m._serves_lookahead or m._mamba.checkpoints
-                                         or m._mamba.kept or m.reprefill_tokens or m._hit_caps):
+                                         or m._mamba.kept or m.reprefill_tokens or m._hit_caps
+                                         or getattr(m.core, "_ahead", None) is not None):
         raise UnsupportedByPrefixKV(f"prefixkv does not offer connector-loaded tokens beside a Mamba "
                                     f"group with EAGLE, lookahead hashing, Mamba's chunk-end checkpoints, "
-                                    f"its sparse retention, multi-module MTP's re-prefillable tokens or "
-                                    f"full attention larger than the hash block "
+                                    f"its sparse retention, multi-module MTP's re-prefillable tokens, "
+                                    f"its speculative blocks or full attention larger than the hash block "
                                     f"(num_external_computed_tokens={num_external_computed_tokens})")
 
 
