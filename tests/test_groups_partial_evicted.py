@@ -90,7 +90,8 @@ def test_a_load_past_a_partial_hits_mamba_block_leaves_the_cached_state_alone():
     # the hit of 6 tokens ends inside Mamba block 1 (4..7), a load brings 6..9 and the
     # step computes 10..11: the first query sits at 10, in block 2, so the request holds
     # no Mamba block of the hit (no copy); the load writes the state at 12 into a fresh
-    # block, never into the cached state at 6 (block 4)
+    # block, never into the cached state at 6 (block 4); the load's blocks are taken
+    # first, group after group, then the step's (vLLM's order: groups/loads.py)
     m = _manager(20)
     m.add_request("0", [0, 0, 1, 1, 2, 2, 3], num_new_tokens=6)
     assert m.get_block_ids("0")[1] == (0, 4)
@@ -98,7 +99,7 @@ def test_a_load_past_a_partial_hits_mamba_block_leaves_the_cached_state_alone():
     p = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
     adm = m.add_request("1", p, num_new_tokens=6, num_external_tokens=4)
     assert adm.num_cached_tokens == 6
-    assert adm.group_block_ids == ((1, 2, 3, 5, 6, 7), (0, 0, 8))
+    assert adm.group_block_ids == ((1, 2, 3, 5, 6, 8), (0, 0, 7))
     assert m.take_kv_ops() == []
     m.check_invariants()
     assert m.lookup_block_ids(p[:7] + [9]) == ((1, 2, 3), (0, 4))

@@ -137,3 +137,16 @@ def test_lookahead_slots_beside_blocks_ahead_at_different_sizes_are_refused():
     with pytest.raises(ConfigError, match="lookahead slots"):
         m.reserve("a", 3)
     m.check_invariants()
+
+
+@pytest.mark.parametrize("sizes", [4, BlockSizes.of([4, 8], 4)], ids=["one-size", "two-sizes"])
+def test_a_load_beside_a_mamba_group_holding_blocks_ahead_is_refused_before_any_change(sizes):
+    # a connector's load (num_external_tokens) beside Mamba's blocks ahead is not served
+    # (the load's state block and the blocks ahead would share the row's end): refused,
+    # nothing taken; without the load the same prompt is admitted
+    m = HybridKVCacheManager([full_attention(), mamba(ahead=1)], 40, sizes)
+    with pytest.raises(ConfigError, match="a load \\(8 external tokens\\) beside a Mamba group holding blocks ahead"):
+        m.add_request("a", list(range(10)), num_external_tokens=8)
+    assert m.num_free_blocks == 39
+    assert m.add_request("a", list(range(10))) is not None  # (the id was never taken)
+    m.check_invariants()

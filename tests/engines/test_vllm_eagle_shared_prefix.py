@@ -6,7 +6,7 @@ fine-grained partial hits), and Mamba's shared-prefix checkpoints
 ``get_computed_blocks`` reported, when the manager says it records there), and a
 sibling's hit afterwards is the same on both managers. The scenes of vLLM's
 test_mamba_eagle_resume_checkpoint.py, with token ids prefixkv takes (vLLM's use
-negative ones) and no connector-loaded tokens. Needs vllm installed."""
+negative ones) and no connector-loaded tokens (refused beside EAGLE). Needs vllm installed."""
 
 from __future__ import annotations
 

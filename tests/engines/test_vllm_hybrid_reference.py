@@ -586,15 +586,16 @@ def test_mamba_outside_align_and_none_modes_is_refused_at_construction():
                            scheduler_block_size=BS, hash_block_size=BS, enable_caching=caching)
 
 
-def test_lookahead_connector_loads_and_evict_beside_a_mamba_group_are_refused_before_any_change():
+def test_lookahead_connector_lookup_and_evict_beside_a_mamba_group_are_refused_before_any_change():
+    # (connector-loaded tokens beside Mamba are served: test_vllm_mamba_loads.py; evict_blocks
+    # of blocks a live request holds is refused)
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
     m = _hybrid_pair(30, full(BS), _mamba())[0]
     a = _request("a", list(range(10)), None)
-    for kw in ({"num_lookahead_tokens": 2}, {"num_external_computed_tokens": 4}):
-        with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
-            m.allocate_slots(a, 4, **kw)
-        assert m.block_pool.get_num_free_blocks() == 29 and not m.live_request_ids()
+    with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+        m.allocate_slots(a, 4, num_lookahead_tokens=2)
+    assert m.block_pool.get_num_free_blocks() == 29 and not m.live_request_ids()
     with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
         m.get_computed_blocks_for_connector(a)
     assert m.allocate_slots(a, 10) is not None

@@ -20,7 +20,7 @@ from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
 from ..index.announce import Prepared
-from . import lookahead, spec_states
+from . import loads, lookahead, spec_states
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
@@ -66,7 +66,9 @@ def add_request(
     writes (a connector's load; scheduled or reserved as the other counts say): the
     request's first query sits after them, so a windowed group takes no block that
     only positions below its reach hold (their entries are released ones, never
-    written nor cached; vLLM gives them its null block).
+    written nor cached; vLLM gives them its null block), and a sparse (Mamba) group
+    none of the hit's but the block where the load ends, whose state the source
+    writes (groups/loads.py).
     ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
     prefix every group serves within it, not the longest hit cut short (a window's
     blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
@@ -152,11 +154,13 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         per_group = [max(0, covered - (max(k, c) if s.cached else c))
                      for c, s in zip(cuts, self.groups, strict=True)]
     # a sparse group takes the block where this step ends only (its lookahead slots
-    # get theirs when a step ends there: decode.py), if past the hit and its cut
-    end = blocks_for(total, bs) - 1
-    taken = [int(covered - p <= end) if s.sparse else p
+    # get theirs when a step ends there: decode.py), if past the hit and its cut, and
+    # after a load the block where it ends (the state the load writes: ``loads``)
+    places = loads.places(bs, num_cached, first, total) if self._sparse else ()
+    taken = [loads.count(places, covered - p) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
     if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
+        spec_states.refuse_load(self, num_cached, first)
         per_group, taken = lengths(per_group, ahead), lengths(taken, ahead)
     fit = 0
     if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
@@ -168,19 +172,23 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
                 if last > k else None)
     fresh = self._pool.acquire(held, sum(taken))[len(held):]
+    if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
+        end = blocks_for(first, bs)
+        fresh = loads.in_order(fresh, taken, [loads.loaded(t, covered - p, end, places if s.sparse else None)
+                                              for t, p, s in zip(taken, per_group, self.groups, strict=True)])
     for g, h in enumerate(hits):
         new, fresh = fresh[:taken[g]], fresh[taken[g]:]
         self._index.own(g, new)
         row: list[Block | None] = list(new)
         if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
-            row = spec_states.first_row(per_group[g], ahead[g], new, covered - 1 - end)
-        elif self.groups[g].sparse:  # (None but where the step ends)
-            row = [None] * per_group[g]
-            if new:
-                row[end - (covered - per_group[g])] = new[0]
+            row = spec_states.first_row(per_group[g], ahead[g], new, covered - 1 - places[-1])
+        elif self.groups[g].sparse:  # (None but where the step ends, and the load)
+            row = loads.row(places, covered - per_group[g], per_group[g], new)
         req.tables[g] = [None] * min(cuts[g], covered) + h + row
         req.cut[g] = min(cuts[g], covered)
         self._hit_blocks[g] += len(h)
+    if self._sparse and first > num_cached:
+        loads.mark(self._sparse, (bs,) * len(self.groups), req, first)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
 

@@ -192,6 +192,9 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
                 continue
             part = table[first:last]  # (sparse: a block a step ran past holds the state it had then)
             part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
+            if req.states:  # (a load's state block: groups/loads.py)
+                part = [b if (g, first + j) in req.states else x for j, (x, b) in
+                        enumerate(zip(part, table[first:last], strict=True))]
         else:
             part = table[first:last]
         if sound < last:  # (its KV read lost KV: never findable)

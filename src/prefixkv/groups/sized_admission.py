@@ -17,7 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from . import checkpoints, partial, partial_eagle, partial_full, spec_states
+from . import checkpoints, loads, partial, partial_eagle, partial_full, spec_states
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -163,11 +163,15 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
     # a sparse group takes the block where this step ends only, if a new entry (its
     # lookahead slots get theirs when a step ends there)
-    ends = [blocks_for(total, b) - 1 for b in sizes]
-    taken = [int(v - m <= e) if s.sparse else m
-             for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
+    # (and after a load the block where it ends: groups/loads.py)
+    where = [loads.places(b, num_cached, first, total) if s.sparse else ()
+             for s, b in zip(self.groups, sizes, strict=True)]
+    ends = [w[-1] if w else blocks_for(total, b) - 1 for w, b in zip(where, sizes, strict=True)]
+    taken = [loads.count(w, v - m) if s.sparse else m
+             for s, v, m, w in zip(self.groups, covered, more, where, strict=True)]
     if ahead is not None:  # (the blocks a group holds past the table's end: spec_blocks.py)
         spec_states.refuse_slots(self, num_lookahead_tokens)
+        spec_states.refuse_load(self, num_cached, first)
         more, taken = lengths(more, ahead), lengths(taken, ahead)
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
@@ -191,7 +195,12 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     keyed = total // h if not self._lookahead else min(total // h, len(req.keys.mm))  # type: ignore[arg-type]
     if keyed > k:  # (under lookahead keys, those known: groups/lookahead.py)
         prepared = self._prepare(req, k, keyed, nodes[-1] if nodes else None, prompt)
-    fresh = iter(self._pool.acquire(held, sum(taken))[len(held):])
+    got = self._pool.acquire(held, sum(taken))[len(held):]
+    if first > num_cached and self._sparse:  # (a load's blocks first, as vLLM's: groups/loads.py)
+        got = loads.in_order(got, taken, [
+            loads.loaded(t, v - m, blocks_for(first, b), w if s.sparse else None)
+            for t, v, m, b, w, s in zip(taken, covered, more, sizes, where, self.groups, strict=True)])
+    fresh = iter(got)
     req.cut = cuts
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):
         new: list[Block | None] = list(islice(fresh, taken[g]))
@@ -200,11 +209,10 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         if ahead is not None and ahead[g] and self.groups[g].sparse:  # (and its blocks ahead)
             new = spec_states.first_row(m, ahead[g], new, covered[g] - 1 - ends[g])  # type: ignore[arg-type]
         elif self.groups[g].sparse:  # (None but where the step ends, and at its checkpoint)
-            row: list[Block | None] = [None] * m
-            if new:
-                row[ends[g] - (covered[g] - m)] = new[-1]
-            if g in marks:
-                row[ends[g] - 1 - (covered[g] - m)] = new[0]
+            ck = new.pop(0) if g in marks else None
+            row = loads.row(where[g], covered[g] - m, m, new)
+            if ck is not None:
+                row[ends[g] - 1 - (covered[g] - m)] = ck
             new = row
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
@@ -215,6 +223,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)
+        if first > num_cached:  # (a load's: groups/loads.py)
+            loads.mark(self._sparse, sizes, req, first)
     if marks:
         checkpoints.note(self, req, num_cached, total, rows, last)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)

@@ -89,6 +89,16 @@ def refuse_slots(self: HybridKVCacheManager, num_slots: int) -> None:
                           f"holding blocks ahead (mamba(ahead=...)) with groups of different block sizes")
 
 
+
+def refuse_load(self: HybridKVCacheManager, hit: int, first: int) -> None:
+    """Raises ConfigError for a load (``num_external_tokens``: the first query at ``first``,
+    past the hit at ``hit``) beside a sparse group holding blocks ahead (not served: the
+    load's state block and the blocks ahead would share the row's end; vLLM's plug-in
+    here refuses loads beside speculative blocks, integrations/vllm/mamba.py)."""
+    if first > hit and any(s.sparse and s.ahead for s in self.groups):
+        raise ConfigError(f"prefixkv does not offer a load ({first - hit} external tokens) beside a "
+                          f"Mamba group holding blocks ahead (mamba(ahead=...))")
+
 def check(table: Sequence[Block | None], ahead: int) -> str | None:
     """How the blocks ahead at the end of ``table`` are unsound (missing, or cached:
     a block ahead holds no state a hit may read yet), None when sound."""

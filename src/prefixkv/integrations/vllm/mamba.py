@@ -29,21 +29,45 @@ from .slots import admission_prompt
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["StepCache", "allocating", "check_call", "junction", "noting"]
+__all__ = ["StepCache", "allocating", "check_call", "check_landing", "junction", "noting"]
 
 
 def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_computed_tokens: int) -> None:
     """Raises UnsupportedByPrefixKV, before any change, for what prefixkv does not offer
     beside a Mamba group: lookahead slots (vLLM's align mode leaves them out of its
-    Mamba group only) and tokens a connector loads."""
+    Mamba group only), and tokens a connector loads beside EAGLE, lookahead hashing,
+    Mamba's chunk-end checkpoints, its sparse retention or speculative blocks or full
+    attention larger than the hash block (its copies on write: hit_caps.py; loads are served beside
+    the rest: the Mamba group takes the block where the load ends, groups/loads.py)."""
     if not m._mamba.groups:
         return
     if num_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead slots beside a Mamba group "
                                     f"(num_lookahead_tokens={num_lookahead_tokens})")
-    if num_external_computed_tokens:
+    if num_external_computed_tokens and (m.use_eagle or m._serves_lookahead or m._mamba.checkpoints
+                                         or m._mamba.kept or m.reprefill_tokens or m._hit_caps
+                                         or getattr(m.core, "_ahead", None) is not None):
         raise UnsupportedByPrefixKV(f"prefixkv does not offer connector-loaded tokens beside a Mamba "
-                                    f"group (num_external_computed_tokens={num_external_computed_tokens})")
+                                    f"group with EAGLE, lookahead hashing, Mamba's chunk-end checkpoints, "
+                                    f"its sparse retention, multi-module MTP's re-prefillable tokens, "
+                                    f"its speculative blocks or full attention larger than the hash block "
+                                    f"(num_external_computed_tokens={num_external_computed_tokens})")
+
+
+def check_landing(m: KVCacheManager, request: Request, num_computed_tokens: int) -> None:
+    """``cache_blocks`` of a request whose load lands now (``StepCache.loading``):
+    raises UnsupportedByPrefixKV, nothing changed, unless it caches up to where the
+    load ends (a load that failed beside a Mamba group: the state where vLLM's
+    scheduler resumes it was never written, and vLLM's manager holds no block there);
+    else the request is no longer loading."""
+    end = m._mamba.loading.get(request.request_id)
+    if end is None:
+        return
+    if num_computed_tokens != end:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer a failed load beside a Mamba group "
+                                    f"(cache_blocks of {num_computed_tokens} tokens, the load ends at "
+                                    f"{end}: no block holds the state there)")
+    del m._mamba.loading[request.request_id]
 
 
 class StepCache:
@@ -68,6 +92,9 @@ class StepCache:
         any, else group 0): its own hit is ``junction``'s."""
         self.offers = BoundaryOffers()
         """The blocks offered to a connector, until taken (offloads.py)."""
+        self.loading: dict[str, int] = {}
+        """Requests admitted with a load that lands later (``delay_cache_blocks``): the
+        tokens it ends at, until ``cache_blocks`` there (``check_landing``)."""
         self._cached: set[tuple[int, Any]] = set()
 
     def clear(self) -> None:

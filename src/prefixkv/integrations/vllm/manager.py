@@ -39,7 +39,7 @@ from .free_count import Reservation
 from .growth import grow
 from .hit_caps import HitCaps
 from .layout import UnsupportedByPrefixKV, build_core
-from .mamba import StepCache, allocating, check_call, noting
+from .mamba import StepCache, allocating, check_call, check_landing, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -228,8 +228,10 @@ class KVCacheManager(StepCalls):
         of more than ``max_model_len`` tokens (vLLM refuses such prompts before they
         reach its manager, which has no answer for them: it gives slots for
         ``max_model_len`` of their tokens, or with KV events on raises IndexError).
-        Beside a Mamba group: UnsupportedByPrefixKV for lookahead or external tokens,
-        and None for a new request whose hit ends on a state cached this step (mamba.py)."""
+        Beside a Mamba group: UnsupportedByPrefixKV for lookahead tokens, and for
+        external tokens beside EAGLE, lookahead hashing, Mamba's checkpoints or sparse
+        retention (``mamba.check_call``), and None for a new request whose hit ends on a
+        state cached this step (mamba.py)."""
         # (no closure: its cells would be made on every call, decode steps' included)
         args = (self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
@@ -244,6 +246,8 @@ class KVCacheManager(StepCalls):
             run = partial(allocate, *args)  # (a step of one token jumps no Mamba entry)
             out = noting(self, request, num_new_computed_tokens, run) if num_new_tokens < 2 else \
                 allocating(self, request, num_new_computed_tokens, run)
+            if out is not None and delay_cache_blocks and num_external_computed_tokens and admitted:
+                self._mamba.loading[request.request_id] = loaded  # (until it lands: check_landing)
         else:
             out = allocate(*args)
         if out is not None and self._zeroes:  # (zeroing.py)
@@ -265,9 +269,12 @@ class KVCacheManager(StepCalls):
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
         its finished steps computed, less multi-module MTP's re-prefillable ones; capped at
         what ``request.all_token_ids`` knows).
-        Raises RequestError for a count that is not an int >= 0."""
+        Raises RequestError for a count that is not an int >= 0, UnsupportedByPrefixKV
+        beside a Mamba group for a load that failed (``mamba.check_landing``)."""
         if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
             check_count("num_computed_tokens", num_computed_tokens, 0, None)
+        if self._mamba.loading:  # (a load beside Mamba lands: mamba.py)
+            check_landing(self, request, num_computed_tokens)
         key = self._keys.get(request.request_id)
         if key is None or not self.enable_caching:
             return
@@ -309,10 +316,11 @@ class KVCacheManager(StepCalls):
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises
         RequestError for ids that are not vLLM block ids, UnsupportedByPrefixKV beside
-        a Mamba group (the recompute would start from a state no block may hold; vLLM's
-        reads its null block), nothing changed."""
-        if self._mamba.groups:
-            raise UnsupportedByPrefixKV("prefixkv does not offer evict_blocks beside a Mamba group")
+        a Mamba group for a block a live request holds (its recompute would start from
+        a state no block may hold; vLLM's reads its null block), nothing changed."""
+        if self._mamba.groups and any(self.core.ref_cnt(i) for i in self._blocks.core_ids(block_ids)):
+            raise UnsupportedByPrefixKV("prefixkv does not offer evict_blocks beside a Mamba group "
+                                        "on blocks a live request holds")
         evict(self, block_ids)
 
     def reset_prefix_cache(self) -> bool:

@@ -33,6 +33,8 @@ def forget(m: KVCacheManager, request_id: str) -> int | None:
     """Drop the request's vLLM id and evicted-block note; prefixkv's id of it, None
     when it held no blocks. Its blocks stay held."""
     m._evicted.pop(request_id, None)
+    if m._mamba.loading:  # (a load beside Mamba that never landed: mamba.py)
+        m._mamba.loading.pop(request_id, None)
     return m._keys.pop(request_id, None)
 
 
