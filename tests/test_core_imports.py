@@ -47,7 +47,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
-          "groups.pins", "groups.spec_blocks", "groups.spec_states", "groups.lookahead",
+          "groups.pins", "groups.spec_blocks", "groups.spec_states", "groups.lookahead", "groups.loads",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
           "groups.sizes", "groups.eagle_retention", "groups.sized", "groups.sized_admission",
           "groups.partial", "groups.partial_full", "groups.partial_eagle",
