@@ -618,8 +618,12 @@ class SizedModel:
 
     def _shorter(self, x, n):
         """With partial hits, whether block ``x`` holds keys, all shorter than ``n`` tokens
-        (a partial entry of a block now whole: vLLM promotes it; a spare holds none)."""
-        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x])
+        (a partial entry of a block now whole: vLLM promotes it). A spare is whole
+        already: the entry it holds beside (``_full_tail``, after it became a spare) is
+        never promoted again (vLLM's block holds its whole key and the entry, and a later
+        caching finds both)."""
+        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x]) \
+            and not any(x in held for held in self.spares.values())
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""
