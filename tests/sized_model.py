@@ -96,7 +96,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   takes one more block too, first, moves the source's entries to it (the request keeps
   writing the source, which is cached once full) and queues the same copy, both ends
   held the same way. Taking a block that holds keys evicts them all; a block cached
-  whole while holding a shorter entry loses it first (vLLM's promotion).
+  whole while holding a shorter entry loses it first (vLLM's promotion; never a
+  spare, whole already, whose entry stays).
 - Chunk-end checkpoints (``checkpoint``, with ``partial``: vLLM's
   ``num_prefill_checkpoint_blocks = 1``, ``prefill_checkpoint_alignment`` the hash
   block, no lookahead, no EAGLE; with ``retention`` 0 only a step reaching vLLM's
