@@ -96,7 +96,8 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   takes one more block too, first, moves the source's entries to it (the request keeps
   writing the source, which is cached once full) and queues the same copy, both ends
   held the same way. Taking a block that holds keys evicts them all; a block cached
-  whole while holding a shorter entry loses it first (vLLM's promotion).
+  whole while holding a shorter entry loses it first (vLLM's promotion; never a
+  spare, whole already, whose entry stays).
 - Chunk-end checkpoints (``checkpoint``, with ``partial``: vLLM's
   ``num_prefill_checkpoint_blocks = 1``, ``prefill_checkpoint_alignment`` the hash
   block, no lookahead, no EAGLE; with ``retention`` 0 only a step reaching vLLM's
@@ -618,8 +619,12 @@ class SizedModel:
 
     def _shorter(self, x, n):
         """With partial hits, whether block ``x`` holds keys, all shorter than ``n`` tokens
-        (a partial entry of a block now whole: vLLM promotes it; a spare holds none)."""
-        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x])
+        (a partial entry of a block now whole: vLLM promotes it). A spare is whole
+        already: the entry it holds beside (``_full_tail``, after it became a spare) is
+        never promoted again (vLLM's block holds its whole key and the entry, and a later
+        caching finds both)."""
+        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x]) \
+            and not any(x in held for held in self.spares.values())
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""

@@ -188,3 +188,57 @@ def test_each_block_holding_a_partial_entry_announces_it_as_vllm_does():
     assert [[list(g) for g in sides.ms[1].get_block_ids(r)] for r in ("r1", "r2")] == \
         [[[1], [0, 2]], [[3], [0, 4]]]
     assert sides.partial_entries == 2 and sides.copies == 0
+
+
+def test_a_spares_partial_entry_is_not_announced_again_when_its_request_decodes():
+    # full8+mamba16, hash 4 (tests/test_groups_fine_machine.py's seed, session 30): r1
+    # and r2 each compute the same 8 tokens whole (no hit: Mamba holds no state at 8),
+    # then r2 decodes 4 tokens. Each step's events, (kind, group, the prefix's tokens,
+    # the size announced), exactly: vLLM announces r2's block 3 whole again (a consumer
+    # counting holders holds the 8-token key twice, prefixkv's once: its spare rule,
+    # tests/twin_model.py), the entry at 4 on both sides for each block; the decode
+    # caches nothing new on either side, so neither announces anything (a consumer's
+    # index keeps both keys; the reference model had withdrawn and stored the entry
+    # at 4 again)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    from vllm.v1.request import RequestStatus
+
+    groups, h = PARTIAL_FULL["full8+mamba16, hash 4"]
+    sides = Sides(groups, 400, partial=True, events=True, hash_size=h)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1]
+    got: list[list[list[Any]]] = [[], []]
+
+    def step(rid: str, decoded: list[int]) -> None:
+        for side, (m, reqs) in enumerate(zip(sides.ms, sides.reqs, strict=True)):
+            m.new_step_starts()
+            if decoded:
+                r = reqs[rid]
+                r.append_output_token_ids(decoded)
+                assert m.allocate_slots(r, len(decoded)) is not None
+            else:
+                r = reqs[rid] = sides.make_request(m, rid, tokens)
+                blocks, hit, r.shared_prefix_boundary = m.get_computed_blocks(r)
+                assert hit == 0 and m.allocate_slots(r, len(tokens), hit, blocks) is not None
+                r.status = RequestStatus.RUNNING
+            r.num_computed_tokens = r.num_tokens
+            names = {_key(x): t for x, t in _names(sides, m, r)}
+            got[side] += [[(type(e).__name__, e.group_idx, names[_key(x)], e.block_size)
+                           for x in e.block_hashes] for e in m.take_events()]
+
+    def _key(x: Any) -> Any:  # (vLLM's events carry an int, prefixkv's bytes)
+        return x if isinstance(x, int) else maybe_convert_block_hash(x)
+
+    step("r1", [])
+    step("r2", [])
+    step("r2", [0, 0, 0, 0])
+    whole, entry = ("BlockStored", 0, (1, 2, 3, 4, 5, 6, 7, 1), 8), ("BlockStored", 0, (1, 2, 3, 4), 4)
+    assert got[0] == [[whole], [entry], [whole], [entry]]
+    assert got[1] == [[whole], [entry], [entry]]
+    assert [[list(g) for g in m.get_block_ids("r2")] for m in sides.ms] == [[[3, 5], [4]]] * 2
+
+
+def _names(sides: Sides, m: Any, r: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """Each chain hash of ``r``'s tokens on ``m``'s side, with the prefix it names."""
+    tokens = list(r.all_token_ids)
+    hashes = r.block_hashes if m is sides.ms[0] else m.core.prepare(tokens).hashes
+    return [(x, tuple(tokens[:(i + 1) * sides.h])) for i, x in enumerate(hashes)]
