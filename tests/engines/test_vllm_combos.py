@@ -1,0 +1,82 @@
+"""Features served apart, run together beside vLLM 0.33's own ``KVCacheManager``: each test
+drives an existing stream of one feature with another feature on (its driver
+parametrized, not copied) and compares as that stream does (hits, tables, free counts,
+copies on write; every hit's blocks holding what it says where the stream checks it).
+
+- Mamba's speculative state blocks in align mode (test_vllm_mamba_spec_align.py) beside
+  the retention interval with EAGLE and Mamba (test_vllm_eagle_retention.py);
+- speculative blocks beside lookahead hashing with Mamba, full attention larger than the
+  hash block and ``find_longest_cache_hit_per_group`` (test_vllm_lookahead_mamba.py).
+
+Needs vllm installed."""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import reduce
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from . import test_vllm_eagle_retention as retention  # noqa: E402
+from . import test_vllm_lookahead_mamba as lookahead  # noqa: E402
+from .test_vllm_fine_full import same_hits_per_group  # noqa: E402
+from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
+from .test_vllm_mamba_spec_align import blocks_ahead_sound, speculative  # noqa: E402
+from .test_vllm_sized_model import PARTIAL_FULL, PROMPT  # noqa: E402
+
+
+def ahead_of(s: Sides) -> int:
+    """The blocks ahead of the Mamba groups, the same on both sides."""
+    theirs = {g.num_speculative_blocks for g in s.ms[0].coordinator.single_type_managers
+              if hasattr(g, "mamba_cache_mode")}
+    ours = {g.ahead for g in s.ms[1].core.groups if g.sparse}
+    assert len(theirs) == 1 and theirs == ours, (theirs, ours)
+    return theirs.pop()
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+@pytest.mark.parametrize("flag", ["none", "mamba"])
+@pytest.mark.parametrize("layout", list(retention.LAYOUTS))
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, segments=st.sampled_from([0, 1, 2]))
+def test_speculative_blocks_beside_eagles_retention_as_vllms_manager(layout, flag, ahead, ops, probe, segments):
+    # (the interval a multiple of the scheduler block, 0 the dense one; EAGLE flagged on
+    # no group or on the Mamba group)
+    lcm = reduce(math.lcm, (b for b, _ in retention.LAYOUTS[layout][0]))
+    with speculative(ahead, retention):
+        s = retention.sides(layout, False, None if flag == "none" else retention._mamba_flag(layout),
+                            segments * lcm)
+    assert ahead_of(s) == ahead
+    s.drive(ops, probe, lambda s: (retention.checked(s, probe), blocks_ahead_sound(s)))
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+@pytest.mark.parametrize("layout", list(PARTIAL_FULL))
+@pytest.mark.parametrize(("look", "prefill"), [(1, 1), (2, 2), (2, 0)])
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, small=st.booleans())
+def test_speculative_blocks_beside_lookahead_and_full_attention_over_the_hash_block(layout, look, prefill, ahead,
+                                                                                    ops, probe, small):
+    # (MTP's L = P and EAGLE's L = 1 beside a prefill lookahead of 0; each live request's
+    # tokens and the probe looked up per group under every cap, as lookfull-r30's stream)
+    groups, h = PARTIAL_FULL[layout]
+    with speculative(ahead, lookahead):
+        s = lookahead.LookaheadSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 4 if small else 400,
+                                     look, prefill, 0, h)
+    assert ahead_of(s) == ahead
+
+    def each(s: Sides) -> None:
+        blocks_ahead_sound(s)
+        for r in s.reqs[0].values():
+            same_hits_per_group(s, list(r.all_token_ids) + [0])
+        same_hits_per_group(s, probe)
+    s.drive(ops, probe, each)
