@@ -6,7 +6,10 @@ copies on write; every hit's blocks holding what it says where the stream checks
 - Mamba's speculative state blocks in align mode (test_vllm_mamba_spec_align.py) beside
   the retention interval with EAGLE and Mamba (test_vllm_eagle_retention.py);
 - speculative blocks beside lookahead hashing with Mamba, full attention larger than the
-  hash block and ``find_longest_cache_hit_per_group`` (test_vllm_lookahead_mamba.py).
+  hash block and ``find_longest_cache_hit_per_group`` (test_vllm_lookahead_mamba.py);
+- writes of vLLM's free count (``free_block_queue.num_free_blocks = n``: free_count.py's
+  reservation) beside Mamba (with and without blocks ahead), windows and partial hits
+  (test_vllm_mamba_sizes.py's ``Sides``).
 
 Needs vllm installed."""
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from functools import reduce
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,10 +32,11 @@ torch = pytest.importorskip("torch")
 
 from . import test_vllm_eagle_retention as retention  # noqa: E402
 from . import test_vllm_lookahead_mamba as lookahead  # noqa: E402
+from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS  # noqa: E402
 from .test_vllm_fine_full import same_hits_per_group  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_mamba_spec_align import blocks_ahead_sound, speculative  # noqa: E402
-from .test_vllm_sized_model import PARTIAL_FULL, PROMPT  # noqa: E402
+from .test_vllm_sized_model import PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
 
 
 def ahead_of(s: Sides) -> int:
@@ -79,4 +84,35 @@ def test_speculative_blocks_beside_lookahead_and_full_attention_over_the_hash_bl
         for r in s.reqs[0].values():
             same_hits_per_group(s, list(r.all_token_ids) + [0])
         same_hits_per_group(s, probe)
+    s.drive(ops, probe, each)
+
+
+def _counts(m: Any) -> tuple[int, int, float]:
+    pool = m.block_pool
+    return pool.free_block_queue.num_free_blocks, pool.get_num_free_blocks(), round(m.usage, 6)
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+@pytest.mark.parametrize("layout", list(MAMBA_LAYOUTS) + [f"partial hits: {k}" for k in PARTIAL])
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT,
+       writes=st.lists(st.none() | st.integers(0, 4), min_size=30, max_size=30))
+def test_writes_of_the_free_count_beside_mamba_and_windows_as_vllms_manager(layout, ahead, ops, probe, writes):
+    # (after each op, maybe a write of a quarter-multiple of what is free: at most what is
+    # free, as vLLM's counter past that claims blocks it lacks; the next ops then fit on
+    # both sides or on neither, and the counts and usage agree)
+    partial = layout.startswith("partial hits: ")
+    groups = PARTIAL[layout[len("partial hits: "):]] if partial else MAMBA_LAYOUTS[layout]
+    with speculative(ahead):
+        s = Sides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 6, partial=partial)
+    left = iter(writes)
+
+    def each(s: Sides) -> None:
+        k = next(left, None)
+        if k is not None:
+            n = s.ms[0].block_pool.get_num_free_blocks() * k // 4
+            for m in s.ms:
+                m.block_pool.free_block_queue.num_free_blocks = n
+        assert _counts(s.ms[0]) == _counts(s.ms[1])
+        blocks_ahead_sound(s)
     s.drive(ops, probe, each)
