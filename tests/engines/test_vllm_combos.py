@@ -9,7 +9,9 @@ copies on write; every hit's blocks holding what it says where the stream checks
   hash block and ``find_longest_cache_hit_per_group`` (test_vllm_lookahead_mamba.py);
 - writes of vLLM's free count (``free_block_queue.num_free_blocks = n``: free_count.py's
   reservation) beside Mamba (with and without blocks ahead), windows and partial hits
-  (test_vllm_mamba_sizes.py's ``Sides``).
+  (test_vllm_mamba_sizes.py's ``Sides``);
+- vLLM's ``session_id`` on ``BlockStored`` (sessions.py's markers in the event log) beside
+  hybrid events with partial hits and blocks ahead (``Sides.same_events``).
 
 Needs vllm installed."""
 
@@ -116,3 +118,25 @@ def test_writes_of_the_free_count_beside_mamba_and_windows_as_vllms_manager(layo
         assert _counts(s.ms[0]) == _counts(s.ms[1])
         blocks_ahead_sound(s)
     s.drive(ops, probe, each)
+
+
+class SessionSides(Sides):
+    """``Sides`` whose requests carry a session (none, "s1" or "s2", by the op)."""
+
+    def make_request(self, m: Any, rid: str, tokens: list[int]) -> Any:
+        r = super().make_request(m, rid, tokens)
+        r.session_id = (None, "s1", "s2")[self.serial % 3]
+        return r
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, small=st.booleans())
+def test_sessions_on_hybrid_events_with_partial_hits_as_vllms_manager(layout, ahead, ops, probe, small):
+    # (test_vllm_mamba_sizes.py's events stream, each entry with its session)
+    groups = PARTIAL[layout]
+    with speculative(ahead):
+        s = SessionSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 3 if small else 400, partial=True,
+                         events=True)
+    s.drive(ops, probe, each=blocks_ahead_sound, then=lambda s: s.same_events(groups))
