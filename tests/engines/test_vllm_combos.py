@@ -11,7 +11,10 @@ copies on write; every hit's blocks holding what it says where the stream checks
   reservation) beside Mamba (with and without blocks ahead), windows and partial hits
   (test_vllm_mamba_sizes.py's ``Sides``);
 - vLLM's ``session_id`` on ``BlockStored`` (sessions.py's markers in the event log) beside
-  hybrid events with partial hits and blocks ahead (``Sides.same_events``).
+  hybrid events with partial hits and blocks ahead (``Sides.same_events``);
+- ``find_longest_cache_hit_per_group`` (per_group.py) beside the retention interval, chunk-end
+  checkpoint blocks and blocks ahead (test_vllm_mamba_checkpoint_plugin.py's
+  ``CheckpointSides``).
 
 Needs vllm installed."""
 
@@ -33,6 +36,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from . import test_vllm_eagle_retention as retention  # noqa: E402
+from . import test_vllm_mamba_checkpoint_plugin as checkpoint_plugin  # noqa: E402
 from . import test_vllm_lookahead_mamba as lookahead  # noqa: E402
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS  # noqa: E402
 from .test_vllm_fine_full import same_hits_per_group  # noqa: E402
@@ -140,3 +144,29 @@ def test_sessions_on_hybrid_events_with_partial_hits_as_vllms_manager(layout, ah
         s = SessionSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 3 if small else 400, partial=True,
                          events=True)
     s.drive(ops, probe, each=blocks_ahead_sound, then=lambda s: s.same_events(groups))
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+@pytest.mark.parametrize("segments", [0, 2])
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, scale=st.sampled_from([1, 2]), small=st.booleans())
+def test_per_group_hits_beside_retention_and_checkpoints_as_vllms_manager(layout, segments, ahead, ops, probe,
+                                                                          scale, small):
+    # (one checkpoint block per Mamba group aligned to ``scale`` hash blocks; the interval
+    # 0 or 2 scheduler blocks: the states retention drops are no per-group hit either)
+    groups = PARTIAL[layout]
+    h, lcm = reduce(math.gcd, (b for b, _ in groups)), reduce(math.lcm, (b for b, _ in groups))
+    with speculative(ahead):
+        s = checkpoint_plugin.CheckpointSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 4 if small
+                                              else 400, scale * h, retention=segments * lcm)
+    for op, a, b in ops:
+        s.do(op, a, b)
+        s.compare(probe)
+        checkpoint_plugin.same_views(s)
+        blocks_ahead_sound(s)
+        for r in list(s.reqs[0].values()):
+            same_hits_per_group(s, list(r.all_token_ids) + [0])
+        same_hits_per_group(s, probe)
+        if any(s.ms[1].core._index.twins):
+            return
