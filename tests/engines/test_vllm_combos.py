@@ -14,7 +14,9 @@ copies on write; every hit's blocks holding what it says where the stream checks
   hybrid events with partial hits and blocks ahead (``Sides.same_events``);
 - ``find_longest_cache_hit_per_group`` (per_group.py) beside the retention interval, chunk-end
   checkpoint blocks and blocks ahead (test_vllm_mamba_checkpoint_plugin.py's
-  ``CheckpointSides``).
+  ``CheckpointSides``);
+- a write of the free count beside ``full_sequence_must_fit`` (vLLM's whole-sequence gate
+  reads its counter, prefixkv's gate its pool): refused by name while a reservation holds.
 
 Needs vllm installed."""
 
@@ -36,13 +38,18 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from . import test_vllm_eagle_retention as retention  # noqa: E402
-from . import test_vllm_mamba_checkpoint_plugin as checkpoint_plugin  # noqa: E402
 from . import test_vllm_lookahead_mamba as lookahead  # noqa: E402
+from . import test_vllm_mamba_checkpoint_plugin as checkpoint_plugin  # noqa: E402
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS  # noqa: E402
 from .test_vllm_fine_full import same_hits_per_group  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_mamba_spec_align import blocks_ahead_sound, speculative  # noqa: E402
-from .test_vllm_sized_model import PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PARTIAL, PARTIAL_FULL, PROMPT  # noqa: E402
+
+
+def _pool(groups: Any, ahead: int, spare: int) -> int:
+    """A pool a little over one longest request (refusals and evictions)."""
+    return sum(-(-MAX_LEN // b) + (ahead if w == "mamba" else 0) for b, w in groups) + spare
 
 
 def ahead_of(s: Sides) -> int:
@@ -59,7 +66,8 @@ def ahead_of(s: Sides) -> int:
 @pytest.mark.parametrize("layout", list(retention.LAYOUTS))
 @settings(max_examples=10, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, segments=st.sampled_from([0, 1, 2]))
-def test_speculative_blocks_beside_eagles_retention_as_vllms_manager(layout, flag, ahead, ops, probe, segments):
+def test_speculative_blocks_beside_eagles_retention_as_vllms_manager(layout, flag, ahead, ops, probe,
+                                                                     segments):
     # (the interval a multiple of the scheduler block, 0 the dense one; EAGLE flagged on
     # no group or on the Mamba group)
     lcm = reduce(math.lcm, (b for b, _ in retention.LAYOUTS[layout][0]))
@@ -74,15 +82,17 @@ def test_speculative_blocks_beside_eagles_retention_as_vllms_manager(layout, fla
 @pytest.mark.parametrize("layout", list(PARTIAL_FULL))
 @pytest.mark.parametrize(("look", "prefill"), [(1, 1), (2, 2), (2, 0)])
 @settings(max_examples=10, deadline=None)
-@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, small=st.booleans())
-def test_speculative_blocks_beside_lookahead_and_full_attention_over_the_hash_block(layout, look, prefill, ahead,
-                                                                                    ops, probe, small):
-    # (MTP's L = P and EAGLE's L = 1 beside a prefill lookahead of 0; each live request's
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, small=st.booleans(),
+       checkpoints=st.booleans())
+def test_speculative_blocks_beside_lookahead_and_full_attention_over_the_hash_block(
+        layout, look, prefill, ahead, ops, probe, small, checkpoints):
+    # (MTP's L = P and EAGLE's L = 1 beside a prefill lookahead of 0; checkpoints: one
+    # chunk-end checkpoint block per Mamba group at the hash block; each live request's
     # tokens and the probe looked up per group under every cap, as lookfull-r30's stream)
     groups, h = PARTIAL_FULL[layout]
     with speculative(ahead, lookahead):
-        s = lookahead.LookaheadSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 4 if small else 400,
-                                     look, prefill, 0, h)
+        s = lookahead.LookaheadSides(groups, _pool(groups, ahead, 4) if small else 400, look, prefill,
+                                     h if checkpoints else 0, h)
     assert ahead_of(s) == ahead
 
     def each(s: Sides) -> None:
@@ -103,14 +113,15 @@ def _counts(m: Any) -> tuple[int, int, float]:
 @settings(max_examples=10, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT,
        writes=st.lists(st.none() | st.integers(0, 4), min_size=30, max_size=30))
-def test_writes_of_the_free_count_beside_mamba_and_windows_as_vllms_manager(layout, ahead, ops, probe, writes):
+def test_writes_of_the_free_count_beside_mamba_and_windows_as_vllms_manager(layout, ahead, ops, probe,
+                                                                             writes):
     # (after each op, maybe a write of a quarter-multiple of what is free: at most what is
     # free, as vLLM's counter past that claims blocks it lacks; the next ops then fit on
     # both sides or on neither, and the counts and usage agree)
     partial = layout.startswith("partial hits: ")
     groups = PARTIAL[layout[len("partial hits: "):]] if partial else MAMBA_LAYOUTS[layout]
     with speculative(ahead):
-        s = Sides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 6, partial=partial)
+        s = Sides(groups, _pool(groups, ahead, 6), partial=partial)
     left = iter(writes)
 
     def each(s: Sides) -> None:
@@ -141,8 +152,7 @@ def test_sessions_on_hybrid_events_with_partial_hits_as_vllms_manager(layout, ah
     # (test_vllm_mamba_sizes.py's events stream, each entry with its session)
     groups = PARTIAL[layout]
     with speculative(ahead):
-        s = SessionSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 3 if small else 400, partial=True,
-                         events=True)
+        s = SessionSides(groups, _pool(groups, ahead, 3) if small else 400, partial=True, events=True)
     s.drive(ops, probe, each=blocks_ahead_sound, then=lambda s: s.same_events(groups))
 
 
@@ -150,7 +160,8 @@ def test_sessions_on_hybrid_events_with_partial_hits_as_vllms_manager(layout, ah
 @pytest.mark.parametrize("segments", [0, 2])
 @pytest.mark.parametrize("layout", list(PARTIAL))
 @settings(max_examples=10, deadline=None)
-@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, scale=st.sampled_from([1, 2]), small=st.booleans())
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, scale=st.sampled_from([1, 2]),
+       small=st.booleans())
 def test_per_group_hits_beside_retention_and_checkpoints_as_vllms_manager(layout, segments, ahead, ops, probe,
                                                                           scale, small):
     # (one checkpoint block per Mamba group aligned to ``scale`` hash blocks; the interval
@@ -158,8 +169,8 @@ def test_per_group_hits_beside_retention_and_checkpoints_as_vllms_manager(layout
     groups = PARTIAL[layout]
     h, lcm = reduce(math.gcd, (b for b, _ in groups)), reduce(math.lcm, (b for b, _ in groups))
     with speculative(ahead):
-        s = checkpoint_plugin.CheckpointSides(groups, sum(-(-96 // b) + ahead for b, _ in groups) + 4 if small
-                                              else 400, scale * h, retention=segments * lcm)
+        s = checkpoint_plugin.CheckpointSides(groups, _pool(groups, ahead, 4) if small else 400, scale * h,
+                                              retention=segments * lcm)
     for op, a, b in ops:
         s.do(op, a, b)
         s.compare(probe)
@@ -170,3 +181,28 @@ def test_per_group_hits_beside_retention_and_checkpoints_as_vllms_manager(layout
         same_hits_per_group(s, probe)
         if any(s.ms[1].core._index.twins):
             return
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_the_whole_sequence_gate_under_a_written_free_count_is_refused_by_name(cross):
+    # vLLM: 9 usable blocks, the counter written to 4; a prompt of 17 tokens (5 blocks)
+    # admitted one block at a time with the whole-sequence gate: 5 > 4, None. prefixkv's
+    # gate counts its pool's 9: it admitted (combo-r30); now refused by name, nothing
+    # changed, and served again once the write is undone
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    from . import test_vllm_cross_attention as encoder_decoder
+    from .test_vllm_reference import _managers
+    from .vllm_steps import admit
+
+    ours, theirs = encoder_decoder._pair(10) if cross else [s.m for s in _managers(10)]
+    BS = encoder_decoder.BS if cross else 4
+    for m in (ours, theirs):
+        m.block_pool.free_block_queue.num_free_blocks = 4
+    assert admit(theirs, "a", list(range(4 * BS + 1)), BS, full_sequence_must_fit=True) is None
+    with pytest.raises(UnsupportedByPrefixKV, match="full_sequence_must_fit"):
+        admit(ours, "a", list(range(4 * BS + 1)), BS, full_sequence_must_fit=True)
+    assert ours.block_pool.get_num_free_blocks() == 4 and not ours.live_request_ids()
+    assert admit(ours, "a", list(range(4 * BS + 1)), BS) is not None  # (no gate: served)
+    ours.block_pool.free_block_queue.num_free_blocks = 99  # (the reservation ends)
+    assert admit(ours, "b", list(range(50, 50 + 2 * BS)), BS, full_sequence_must_fit=True) is not None
