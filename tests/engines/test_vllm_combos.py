@@ -18,7 +18,7 @@ copies on write; every hit's blocks holding what it says where the stream checks
 - a write of the free count beside ``full_sequence_must_fit`` (vLLM's whole-sequence gate
   reads its counter, prefixkv's gate its pool): refused by name while a reservation holds;
   and two differences of the whole-sequence gate alone found beside it (strict xfail,
-  not fixed: the watermark at admission, ``reserved_blocks`` for a live request).
+  the watermark at admission, not fixed; ``reserved_blocks`` for a live request, fixed).
 
 Needs vllm installed."""
 
@@ -225,12 +225,10 @@ def test_the_whole_sequence_gate_counts_the_watermark_as_vllms():
     assert got == [True, True]
 
 
-@pytest.mark.xfail(strict=True, reason="combo-r30, not fixed: a live request's whole-sequence gate in "
-                   "prefixkv subtracts reserved_blocks (growth.py's keep); vLLM's gate reads the free "
-                   "count alone")
 def test_a_live_requests_whole_sequence_gate_leaves_reserved_blocks_out_as_vllms():
     # 9 usable blocks; a running request of 17 tokens (5 blocks) holds 1: one more block
-    # with reserved_blocks=5 and the gate: vLLM 4 <= 8 and 1 <= 8 - 5, it fits
+    # with reserved_blocks=5 and the gate: vLLM 4 <= 8 and 1 <= 8 - 5, it fits (prefixkv
+    # subtracted reserved_blocks from the gate's free count too and refused: combo-r30)
     from vllm.v1.request import RequestStatus
 
     from .test_vllm_reference import _managers
