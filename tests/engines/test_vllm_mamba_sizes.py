@@ -108,7 +108,7 @@ class Sides:
 
     def same_events(self, groups: Any) -> None:
         """Both sides announce and withdraw the same entries in the step: (stored or
-        removed, group, the prefix's tokens, the size announced), a Mamba group's partial
+        removed, group, the prefix's tokens, the size announced, the session), a Mamba group's partial
         entry as one hash block (vLLM's empty ``BlockStored``, a step whose Mamba blocks
         it skipped, left out)."""
         from vllm.distributed.kv_events import BlockStored
@@ -126,11 +126,12 @@ class Sides:
         for m, names in zip(self.ms, self.names, strict=True):
             got.append(Counter((type(e).__name__, getattr(e, "group_idx", None),
                                 names[_key(h)] if hasattr(e, "block_hashes") else None,
-                                e.block_size if isinstance(e, BlockStored) else None)
+                                e.block_size if isinstance(e, BlockStored) else None,
+                                getattr(e, "session_id", None))
                                for e in m.take_events() for h in getattr(e, "block_hashes", [None])
                                if h is not None or not hasattr(e, "block_hashes")))
         assert got[0] == got[1], (got[0] - got[1], got[1] - got[0])
-        self.partial_entries += sum(n for (kind, g, tokens, size), n in got[0].items()
+        self.partial_entries += sum(n for (kind, g, tokens, size, _), n in got[0].items()
                                     if kind == "BlockStored" and len(tokens) % groups[g][0])
 
     def make_request(self, m: Any, rid: str, tokens: list[int]) -> Any:

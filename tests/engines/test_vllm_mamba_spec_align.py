@@ -41,20 +41,21 @@ _MODULES = (reference, checkpoint_plugin, checkpoint_pair, eagle)  # (those whos
 
 
 @contextmanager
-def speculative(n: int) -> Iterator[None]:
-    """Every Mamba spec the helpers build carries ``num_speculative_blocks=n``."""
+def speculative(n: int, *more: Any) -> Iterator[None]:
+    """Every Mamba spec the helpers build (and the ``more`` modules that import ``_spec``
+    by name) carries ``num_speculative_blocks=n``."""
     plain = reference._spec
 
     def spec(block_size: int, window: Any, retained: int = 0) -> Any:
         got = plain(block_size, window, retained)
         return replace(got, num_speculative_blocks=n) if window == "mamba" else got
 
-    for module in _MODULES:
+    for module in _MODULES + more:
         module._spec = spec  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        for module in _MODULES:
+        for module in _MODULES + more:
             module._spec = plain  # type: ignore[attr-defined]
 
 

@@ -18,6 +18,9 @@ prefixkv serves the write with the same effect and no lie about a block:
   pool's again. (vLLM's counter would then claim blocks its list does not hold, and its
   pool would fail when it tries to take them; prefixkv shows none it does not have.)
 - ``n`` not an int >= 0: RequestError, nothing changed.
+- While ``R > 0``, ``allocate_slots(..., full_sequence_must_fit=True)`` is refused by name
+  (UnsupportedByPrefixKV, nothing changed): vLLM's whole-sequence gate reads its counter
+  (``free - R``) where prefixkv's reads its pool, and would admit what vLLM refuses.
 
 The reservation is installed on the manager object at the first write
 (``allocate_slots`` wrapped there): a manager whose count is never written runs its
@@ -31,12 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from prefixkv.errors import check_count
 
+from .layout import UnsupportedByPrefixKV
+
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
 __all__ = ["Reservation"]
 
 _RESERVED_AT = 8  # ``reserved_blocks``'s position among allocate_slots' arguments after the request
+_FULL_FIT_AT = 7  # ``full_sequence_must_fit``'s
 
 
 class Reservation:
@@ -66,6 +72,12 @@ def _keeping(call: Callable[..., Any], reservation: Reservation) -> Callable[...
     def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
         r = reservation.blocks
         if r:  # (a count that is not an int is left for the call to refuse)
+            gate = args[_FULL_FIT_AT] if len(args) > _FULL_FIT_AT else kwargs.get("full_sequence_must_fit")
+            if gate is True:
+                raise UnsupportedByPrefixKV(
+                    f"allocate_slots with full_sequence_must_fit=True while a write of "
+                    f"free_block_queue.num_free_blocks hides {r} blocks: vLLM's whole-sequence gate reads "
+                    f"its written counter, prefixkv serves the write as reserved blocks only")
             if len(args) > _RESERVED_AT:
                 if args[_RESERVED_AT].__class__ is int:
                     args = (*args[:_RESERVED_AT], args[_RESERVED_AT] + r, *args[_RESERVED_AT + 1:])

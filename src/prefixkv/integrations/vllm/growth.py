@@ -33,10 +33,13 @@ __all__ = ["grow", "grow_live", "rewind"]
 
 def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int,
               num_new_computed_tokens: int, num_external_computed_tokens: int, num_lookahead_tokens: int,
-              delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int) -> KVCacheBlocks | None:
+              delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int,
+              full_keep: int = 0) -> KVCacheBlocks | None:
     """``allocate_slots`` for the live request ``key``: the blocks added, or None when
-    the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
-    release of the blocks no window reads any more)."""
+    the pool, less ``keep`` blocks, is short, or with ``full_sequence_must_fit`` less
+    ``full_keep`` (the watermark: vLLM's whole-sequence gate leaves ``reserved_blocks``
+    out) for the whole sequence (nothing changed but, as in vLLM, the release of the
+    blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
     # (the second: vLLM computes what a load was to write, which failed, where the
@@ -56,7 +59,7 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     # tables keep their length, and the bound above caps the release at or below the
     # rewound position
     short = m.coordinator.short_of_blocks
-    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep,
+    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), full_keep,
                                          request)) or short(key, slots, keep, request):
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)

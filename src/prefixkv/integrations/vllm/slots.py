@@ -92,7 +92,7 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
                      full_sequence_must_fit, keep)
     return grow_live(m, key, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
-                     full_sequence_must_fit, keep)
+                     full_sequence_must_fit, keep, keep - reserved_blocks)
 
 
 def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, external: int,
