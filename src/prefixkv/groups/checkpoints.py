@@ -122,9 +122,8 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
         return False
     h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt, self._tail_gap)
     for g, c, j in got[1]:
-        b = self._group_sizes[g]
         x = req.tables[g][j]
-        if c % b == 0 or c != tail and c not in req.marks[1:] or x is None:  # (marks[1:]: the junction)
+        if x is None or not _kept(self, req, g, c, j, tail):
             continue
         node = req.nodes[c // h - 1]
         if node.lost or self._index.nodes[x.block_id] is node:
@@ -143,7 +142,21 @@ def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int
     if got is None or got[0] != req.num_scheduled:
         return set()
     tail = self.sizes.replay_at(req.num_prompt, self._tail_gap)
-    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
+    return {(g, j) for g, c, j in got[1] if _kept(self, req, g, c, j, tail)}
+
+
+def _kept(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int, tail: int) -> bool:
+    """Whether the checkpoint ``(c, j)`` of group ``g`` is recorded as an entry of the
+    prefix up to ``c`` (``tail``: the prompt's last replay boundary): one inside its
+    block at ``tail`` or the junction (``marks[1:]``); one ending its own block never
+    (``GroupRequest.states`` records it); with ``eagle`` at one size, ``c == j * b``,
+    the state ending entry ``j - 1`` in block ``j`` (vLLM's ``cache_partial_block`` with
+    ``replace_existing_hashes``), where that entry is kept (``BlockSizes.caches``) too."""
+    b = self._group_sizes[g]
+    if c == (j + 1) * b:
+        return False
+    return c == tail or c in req.marks[1:] or c == j * b and \
+        self.sizes.caches(self.groups[g], g, req.num_scheduled, j - 1, req.marks)
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

@@ -96,16 +96,18 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        if type(eagle) is not bool or (eagle and partial is not True):
-            raise ConfigError(f"eagle must be a bool, and False without partial, got {eagle!r}")
+        one_ck = checkpoints is True and h == a  # (at one size: eagle beside checkpoints)
+        if type(eagle) is not bool or (eagle and partial is not True and not one_ck):
+            raise ConfigError(f"eagle must be a bool, and False without partial (but with checkpoints "
+                              f"at one size), got {eagle!r}")
         if type(shared_prefix) is not bool or (shared_prefix and eagle is not True):
             raise ConfigError(f"shared_prefix must be a bool, and False without eagle, got {shared_prefix!r}")
         if type(partial) is not bool or (partial and any(flags) and not eagle):
             raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
                               f"got {partial!r}")
-        if type(checkpoints) is not bool or (checkpoints and not partial and (h != a or flags)):
+        if type(checkpoints) is not bool or (checkpoints and not partial and (h != a or flags and not eagle)):
             raise ConfigError(f"checkpoints must be a bool, and False without partial (but at one size, "
-                              f"without peek), got {checkpoints!r}")
+                              f"without peek but with eagle), got {checkpoints!r}")
         if checkpoint_alignment is not None and not checkpoints:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \

@@ -97,9 +97,9 @@ def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[i
     tokens the prompt's last boundary leaves (1; lookahead hashing's L: ``position``)."""
     got = 0
     for g, c, j in _taken(sizes, sparse, before, start, end, 0, last, gap):
-        if c % sizes.sizes[g]:
+        if c != (j + 1) * sizes.sizes[g]:  # (inside its block, or EAGLE's at one size: entry j - 1's)
             after[g][j] = 0
-            if c in (sizes.replay_at(prompt, gap), junction):
+            if c in (sizes.replay_at(prompt, gap), junction) or c == j * sizes.sizes[g]:
                 got = c
     return got
 

@@ -84,11 +84,6 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
     sizes = layout.sizes
-    if sizes.checkpoints and not sizes.partial:  # (at one size: checkpoints.py)
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer EAGLE's shortened hits (use_eagle) beside "
-                                    f"Mamba's chunk-end checkpoint blocks at one block size (vLLM's "
-                                    f"checkpoint a block below its replay boundary may lie in the entry "
-                                    f"after its state's), got {sizes}")
     if "mamba" in kinds and not sizes.one_size and not (
             sizes.partial and len(
                 {b for g, b in zip(layout.groups, sizes.sizes, strict=True) if not g.sparse}) == 1):
