@@ -30,6 +30,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
+from .sizes import _keeps_state
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -97,7 +98,9 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
         ck = at(self, g, tables[g], start, end, last)
         if ck is not None:
             got.append((g, *ck))
-            if ck[0] == (ck[1] + 1) * self._group_sizes[g]:
+            if ck[0] == (ck[1] + 1) * self._group_sizes[g] and not evicted(
+                    self.sizes, self.groups[g].retention, self._group_sizes[g], *ck,
+                    self.sizes.replay_at(req.num_prompt, self._tail_gap), req.marks[1:]):
                 if req.states is None:
                     req.states = set()
                 req.states.add((g, ck[1]))
@@ -108,6 +111,23 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
     elif steps:
         steps.pop(req.request_id, None)
     return got
+
+
+def evicted(sizes: BlockSizes, seg: int | None, b: int, c: int, j: int, tail: int,
+            junction: Sequence[int]) -> bool:
+    """Whether vLLM drops the checkpoint ``(c, j)`` ending its entry in a Mamba group of
+    blocks of ``b`` with a retention of ``seg`` tokens: with ``eagle`` at one size, one
+    at neither the prompt's checkpoint ``tail``, the ``junction`` nor a segment's end
+    (vLLM's ``_cache_partial_tail_block`` asks its retention without the replay
+    boundaries, and evicts the state the step's caching kept there)."""
+    return sizes.eagle and not sizes.partial and c == (j + 1) * b and c != tail \
+        and c not in junction and not retained(seg, b, c)
+
+
+def retained(seg: int | None, b: int, c: int) -> bool:
+    """Whether vLLM's retention of ``seg`` tokens (None: dense) keeps the Mamba state at
+    ``c``, a multiple of the block size ``b``, as a checkpoint (a segment's end only)."""
+    return seg is None or _keeps_state(seg, b, b, c // b - 1, ())
 
 
 def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
@@ -151,12 +171,11 @@ def _kept(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int,
     block at ``tail`` or the junction (``marks[1:]``); one ending its own block never
     (``GroupRequest.states`` records it); with ``eagle`` at one size, ``c == j * b``,
     the state ending entry ``j - 1`` in block ``j`` (vLLM's ``cache_partial_block`` with
-    ``replace_existing_hashes``), where that entry is kept (``BlockSizes.caches``) too."""
+    ``replace_existing_hashes``), at a retention's segment end too (``retained``)."""
     b = self._group_sizes[g]
     if c == (j + 1) * b:
         return False
-    return c == tail or c in req.marks[1:] or c == j * b and \
-        self.sizes.caches(self.groups[g], g, req.num_scheduled, j - 1, req.marks)
+    return c == tail or c in req.marks[1:] or c == j * b and retained(self.groups[g].retention, b, c)
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

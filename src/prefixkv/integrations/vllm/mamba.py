@@ -200,7 +200,8 @@ def _checkpointed(m: KVCacheManager, request: Request, rows: Any, before: int,
         ids, now = now, tuple(list(row) for row in now)
         c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
                               request.shared_prefix_boundary,
-                              checkpoints.prefill_end(m.retention_interval, request), m._tail_gap)
+                              checkpoints.prefill_end(m.retention_interval, request), m._tail_gap,
+                              [s.retention for s in m.core.groups] if sizes.eagle else ())
         if c:
             m._mamba.note_tail(request, c)
             kept = inside(m._mamba.groups, ids, now, c)
