@@ -2,7 +2,10 @@
 with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
 group, no lookahead; beside the Mamba groups' ``retention`` (vLLM's sparse retention)
 only a step reaching ``prefill_end`` checkpoints when it is 0, and a checkpoint ending
-its entry is recorded only where ``BlockSizes.caches`` says.
+its entry is recorded only where ``BlockSizes.caches`` says. With ``eagle`` at one size
+(``c = e // b * b - b``), a step ending inside a block puts the state ending entry
+``j - 1`` in block ``j``, recorded under that entry (``_kept``); one ending on a block
+whose checkpoint a retention drops keeps none there (``evicted``: vLLM's eviction).
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |

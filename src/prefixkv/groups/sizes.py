@@ -64,8 +64,9 @@ class BlockSizes:
         (groups/checkpoints.py; with ``partial``, or at one size without ``peek``: a
         checkpoint then ends its entry), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
-        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only;
-        docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
+        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial``, or with
+        ``checkpoints`` at one size: the one-size hit, checkpoints at EAGLE's replay
+        boundary; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
         one hash block (``peek`` then names full-attention groups, all of one size, the
         hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
         entry, and a checkpoint, sit at EAGLE's replay boundary (``replay_at``). ``shared_prefix``
@@ -76,9 +77,10 @@ class BlockSizes:
         positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
-        not a bool or without ``partial`` (but at one size, without ``peek``),
-        ``checkpoint_alignment`` without ``checkpoints``, ``eagle`` not a bool or without
-        ``partial``, ``shared_prefix`` not a bool or without ``eagle``."""
+        not a bool or without ``partial`` (but at one size, without ``peek`` but with
+        ``eagle``), ``checkpoint_alignment`` without ``checkpoints``, ``eagle`` not a bool
+        or without ``partial`` (but with ``checkpoints`` at one size), ``shared_prefix``
+        not a bool or without ``eagle``."""
         try:
             got = tuple(sizes)
         except TypeError:

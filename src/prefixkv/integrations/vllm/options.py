@@ -73,9 +73,9 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     none is flagged), never a Mamba group (vLLM's Mamba lookup drops nothing). Raises
     UnsupportedByPrefixKV unless prefixkv finds EAGLE's shortened hits on ``layout`` as
     vLLM does: every group full attention, sliding window or Mamba (vLLM's chunked local
-    attention refuses EAGLE), beside Mamba every group at one block size (without
-    Mamba's checkpoint blocks: vLLM's checkpoint a block below its replay boundary may lie
-    in the entry after its state's), or vLLM's fine-grained partial hits with full
+    attention refuses EAGLE), beside Mamba every group at one block size (with Mamba's
+    checkpoint blocks too: ``BlockSizes.eagle`` then moves them to EAGLE's replay
+    boundary, groups/checkpoints.py), or vLLM's fine-grained partial hits with full
     attention of one block size (the hash block's or larger: groups/partial_eagle.py;
     vLLM moves Mamba's partial entries and checkpoints to EAGLE's replay boundary:
     ``BlockSizes.eagle``), and at most two distinct
