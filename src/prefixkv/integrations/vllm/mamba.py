@@ -145,16 +145,19 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     if key is None and hit and m._mamba.defers(request, hit, m.hash_block_size):
         return None
     unit = 1 if (sizes := m._mamba.sizes) is not None else bs  # (tokens with different sizes, else blocks)
-    start = hit if key is None else m.core.num_scheduled_tokens(key)
-    first = hit // unit if key is None else start // bs * bs // unit
+    first = hit // unit if key is None else m.core.num_scheduled_tokens(key) // bs * bs // unit
     rows = _before(m, key) if sizes is not None and sizes.eagle else ()  # (EAGLE's checkpoints at one size)
+    start = (hit if key is None else m.core.num_scheduled_tokens(key)) if rows else 0
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         last = m.core.num_scheduled_tokens(key) // bs * bs // unit
         if last > first:
-            now, kept = _checkpointed(m, request, rows, start, m.core.num_scheduled_tokens(key))
-            offer(m, request, m._mamba.note(request, now, first, last, 0), kept)
+            if rows:
+                now, kept = _checkpointed(m, request, rows, start, m.core.num_scheduled_tokens(key))
+                offer(m, request, m._mamba.note(request, now, first, last, 0), kept)
+            else:
+                offer(m, request, m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0))
     return out
 
 
