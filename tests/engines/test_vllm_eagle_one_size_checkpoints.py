@@ -45,7 +45,7 @@ class OneSizeEagleSides(CheckpointEagleSides):
             cache_config=SimpleNamespace(block_size=self.step), block_size=self.step, hash_block_size=self.h,
             mamba_partial_cache_hit=False, use_eagle=True, use_eagle_block_drop=True,
             num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True,
-            mamba_prefill_checkpoint_alignment=self.h, mamba_shared_prefix_checkpoint=False,
+            mamba_prefill_checkpoint_alignment=self.align, mamba_shared_prefix_checkpoint=False,
             max_num_scheduled_tokens=8192, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
         req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt, num_tokens=total,
                               shared_prefix_boundary=0)
@@ -54,9 +54,11 @@ class OneSizeEagleSides(CheckpointEagleSides):
         return int(got)
 
 
-def sides(layout: str, small: bool, flag: int | None, retention: int | None) -> OneSizeEagleSides:
+def sides(layout: str, small: bool, flag: int | None, retention: int | None,
+          align: int = 8) -> OneSizeEagleSides:
     """Both managers over ``ONE_SIZE[layout]`` with EAGLE, one checkpoint block per Mamba
-    group and the interval (a pool a little over one longest request when ``small``)."""
+    group aligned to ``align`` tokens and the interval (a pool a little over one longest
+    request when ``small``)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -66,9 +68,10 @@ def sides(layout: str, small: bool, flag: int | None, retention: int | None) -> 
     groups = ONE_SIZE[layout]
     num_blocks = len(groups) * -(-MAX_LEN // 8) + 5 if small else 400
     s = OneSizeEagleSides(groups, num_blocks, partial=False)
+    s.align = align
     s.groups, s.written, s.copied, s.checked = groups, {}, [], 0  # (check_holds)
     init_none_hash(sha256)
-    c = _config(groups, num_blocks, flag, retention, s.h)
+    c = _config(groups, num_blocks, flag, retention, align)
     s.ms = [make(c, max_model_len=256, scheduler_block_size=s.lcm, hash_block_size=s.h, use_eagle=True)
             for make in (VllmManager, KVCacheManager)]
     core = s.ms[1].core
@@ -85,10 +88,11 @@ def _mamba_flag(layout: str) -> int:
 @pytest.mark.parametrize("retention", [None, 0, 16])
 @pytest.mark.parametrize("layout", list(ONE_SIZE))
 @settings(max_examples=25, deadline=None)
-@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+@given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT, align=st.sampled_from([8, 4, 16]))
 def test_the_plugin_checkpoints_beside_eagle_at_one_size_as_vllms(layout, retention, small, flag, ops,
-                                                                  probe):
-    s = sides(layout, small, None if flag == "none" else _mamba_flag(layout), retention)
+                                                                  probe, align):
+    # (checkpoints aligned to the block, half of it, or two)
+    s = sides(layout, small, None if flag == "none" else _mamba_flag(layout), retention, align)
     s.drive(ops, probe, lambda s: checked(s, probe))
 
 
