@@ -118,15 +118,3 @@ def test_a_prompts_chunks_checkpoint_and_cache_as_vllms(retention, tables, state
         probe = _request(f"p{len(tokens)}", tokens + [99], 8)
         assert [m.get_computed_blocks(probe)[1] for m in sides.ms] == [hit, hit]
 
-
-def test_eagle_beside_one_size_checkpoints_is_refused_by_name():
-    # (vLLM's EAGLE checkpoint, a hash block below the replay boundary, lands in the
-    # entry after the one whose state it is when a chunk ends inside a block)
-    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
-
-    from .test_vllm_mamba_checkpoint_plugin import _specs
-    from .test_vllm_plugin import config
-
-    with pytest.raises(UnsupportedByPrefixKV, match="use_eagle.*checkpoint blocks at one block size"):
-        KVCacheManager(config(*_specs(ONE_SIZE["full8+mamba8"], 8), num_blocks=40), max_model_len=256,
-                       scheduler_block_size=8, hash_block_size=8, use_eagle=True)

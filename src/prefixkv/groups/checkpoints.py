@@ -2,7 +2,10 @@
 with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
 group, no lookahead; beside the Mamba groups' ``retention`` (vLLM's sparse retention)
 only a step reaching ``prefill_end`` checkpoints when it is 0, and a checkpoint ending
-its entry is recorded only where ``BlockSizes.caches`` says.
+its entry is recorded only where ``BlockSizes.caches`` says. With ``eagle`` at one size
+(``c = e // b * b - b``), a step ending inside a block puts the state ending entry
+``j - 1`` in block ``j``, recorded under that entry (``_kept``); one ending on a block
+whose checkpoint a retention drops keeps none there (``evicted``: vLLM's eviction).
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
@@ -30,6 +33,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for
+from .sizes import _keeps_state
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -97,7 +101,9 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
         ck = at(self, g, tables[g], start, end, last)
         if ck is not None:
             got.append((g, *ck))
-            if ck[0] == (ck[1] + 1) * self._group_sizes[g]:
+            if ck[0] == (ck[1] + 1) * self._group_sizes[g] and not evicted(
+                    self.sizes, self.groups[g].retention, self._group_sizes[g], *ck,
+                    self.sizes.replay_at(req.num_prompt, self._tail_gap), req.marks[1:]):
                 if req.states is None:
                     req.states = set()
                 req.states.add((g, ck[1]))
@@ -108,6 +114,23 @@ def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
     elif steps:
         steps.pop(req.request_id, None)
     return got
+
+
+def evicted(sizes: BlockSizes, seg: int | None, b: int, c: int, j: int, tail: int,
+            junction: Sequence[int]) -> bool:
+    """Whether vLLM drops the checkpoint ``(c, j)`` ending its entry in a Mamba group of
+    blocks of ``b`` with a retention of ``seg`` tokens: with ``eagle`` at one size, one
+    at neither the prompt's checkpoint ``tail``, the ``junction`` nor a segment's end
+    (vLLM's ``_cache_partial_tail_block`` asks its retention without the replay
+    boundaries, and evicts the state the step's caching kept there)."""
+    return sizes.eagle and not sizes.partial and c == (j + 1) * b and c != tail \
+        and c not in junction and not retained(seg, b, c)
+
+
+def retained(seg: int | None, b: int, c: int) -> bool:
+    """Whether vLLM's retention of ``seg`` tokens (None: dense) keeps the Mamba state at
+    ``c``, a multiple of the block size ``b``, as a checkpoint (a segment's end only)."""
+    return seg is None or _keeps_state(seg, b, b, c // b - 1, ())
 
 
 def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
@@ -122,9 +145,8 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
         return False
     h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt, self._tail_gap)
     for g, c, j in got[1]:
-        b = self._group_sizes[g]
         x = req.tables[g][j]
-        if c % b == 0 or c != tail and c not in req.marks[1:] or x is None:  # (marks[1:]: the junction)
+        if x is None or not _kept(self, req, g, c, j, tail):
             continue
         node = req.nodes[c // h - 1]
         if node.lost or self._index.nodes[x.block_id] is node:
@@ -143,7 +165,20 @@ def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int
     if got is None or got[0] != req.num_scheduled:
         return set()
     tail = self.sizes.replay_at(req.num_prompt, self._tail_gap)
-    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
+    return {(g, j) for g, c, j in got[1] if _kept(self, req, g, c, j, tail)}
+
+
+def _kept(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int, tail: int) -> bool:
+    """Whether the checkpoint ``(c, j)`` of group ``g`` is recorded as an entry of the
+    prefix up to ``c`` (``tail``: the prompt's last replay boundary): one inside its
+    block at ``tail`` or the junction (``marks[1:]``); one ending its own block never
+    (``GroupRequest.states`` records it); with ``eagle`` at one size, ``c == j * b``,
+    the state ending entry ``j - 1`` in block ``j`` (vLLM's ``cache_partial_block`` with
+    ``replace_existing_hashes``), at a retention's segment end too (``retained``)."""
+    b = self._group_sizes[g]
+    if c == (j + 1) * b:
+        return False
+    return c == tail or c in req.marks[1:] or c == j * b and retained(self.groups[g].retention, b, c)
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

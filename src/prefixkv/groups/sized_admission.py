@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import Block, blocks_for
+from ..core.block import Block, blocks_for, hit_limit
 from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
 from . import checkpoints, loads, partial, partial_eagle, partial_full, spec_states
 from .hits import longest_sized_hit, peeking_sized_hit
-from .lookup import peeking
+from .lookup import hit_nodes, peeking
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
@@ -42,8 +42,12 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     h, sizes, find = self._hash_size, self.sizes, self._index.find
     cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
     if any(peek):
-        if sizes.eagle:
+        if sizes.eagle and sizes.partial:
             return partial_eagle.eagle_hit(self, chunks, keys, n, cap, peek, alone)
+        if sizes.eagle:  # (at one size, beside checkpoints: the one-size manager's hit, Mamba's too)
+            limit = hit_limit(n, h, max_hit_tokens)
+            return hit_nodes(self.groups, self._table, find, h, chunks, keys, n, limit, peek, alone,
+                             self._uncached) if limit else []
         check_peek(self.groups, sizes.sizes)
     walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)

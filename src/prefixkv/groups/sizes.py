@@ -64,8 +64,9 @@ class BlockSizes:
         (groups/checkpoints.py; with ``partial``, or at one size without ``peek``: a
         checkpoint then ends its entry), at ``checkpoint_alignment`` tokens
         from a step's start (vLLM's ``prefill_checkpoint_alignment``; None: the hash
-        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial`` only;
-        docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
+        block). ``eagle``: vLLM's EAGLE beside partial hits (``partial``, or with
+        ``checkpoints`` at one size: the one-size hit, checkpoints at EAGLE's replay
+        boundary; docs/groups.md "EAGLE beside Mamba"): a peeking hit drops
         one hash block (``peek`` then names full-attention groups, all of one size, the
         hash block's or larger: groups/partial_eagle.py), and a Mamba group's partial
         entry, and a checkpoint, sit at EAGLE's replay boundary (``replay_at``). ``shared_prefix``
@@ -76,9 +77,10 @@ class BlockSizes:
         positive int, a size not a multiple of
         ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
         group, ``partial`` not a bool or with ``peek`` (but with ``eagle``), ``checkpoints``
-        not a bool or without ``partial`` (but at one size, without ``peek``),
-        ``checkpoint_alignment`` without ``checkpoints``, ``eagle`` not a bool or without
-        ``partial``, ``shared_prefix`` not a bool or without ``eagle``."""
+        not a bool or without ``partial`` (but at one size, without ``peek`` but with
+        ``eagle``), ``checkpoint_alignment`` without ``checkpoints``, ``eagle`` not a bool
+        or without ``partial`` (but with ``checkpoints`` at one size), ``shared_prefix``
+        not a bool or without ``eagle``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -96,16 +98,18 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        if type(eagle) is not bool or (eagle and partial is not True):
-            raise ConfigError(f"eagle must be a bool, and False without partial, got {eagle!r}")
+        one_ck = checkpoints is True and h == a  # (at one size: eagle beside checkpoints)
+        if type(eagle) is not bool or (eagle and partial is not True and not one_ck):
+            raise ConfigError(f"eagle must be a bool, and False without partial (but with checkpoints "
+                              f"at one size), got {eagle!r}")
         if type(shared_prefix) is not bool or (shared_prefix and eagle is not True):
             raise ConfigError(f"shared_prefix must be a bool, and False without eagle, got {shared_prefix!r}")
         if type(partial) is not bool or (partial and any(flags) and not eagle):
             raise ConfigError(f"partial must be a bool, and False with peek (but with eagle), "
                               f"got {partial!r}")
-        if type(checkpoints) is not bool or (checkpoints and not partial and (h != a or flags)):
+        if type(checkpoints) is not bool or (checkpoints and not partial and (h != a or flags and not eagle)):
             raise ConfigError(f"checkpoints must be a bool, and False without partial (but at one size, "
-                              f"without peek), got {checkpoints!r}")
+                              f"without peek but with eagle), got {checkpoints!r}")
         if checkpoint_alignment is not None and not checkpoints:
             raise ConfigError(f"checkpoint_alignment needs checkpoints, got {checkpoint_alignment!r}")
         ck = 0 if not checkpoints else h if checkpoint_alignment is None else \

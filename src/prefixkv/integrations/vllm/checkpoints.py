@@ -20,7 +20,7 @@ from typing import Any
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 from prefixkv.groups import BlockSizes
-from prefixkv.groups.checkpoints import position
+from prefixkv.groups.checkpoints import evicted, position, retained
 
 from .layout import UnsupportedByPrefixKV
 
@@ -87,19 +87,25 @@ def step_blocks(sizes: BlockSizes, sparse: Sequence[bool], rows: Sequence[Sequen
 
 
 def inner(sizes: BlockSizes, sparse: Sequence[bool], before: Sequence[Sequence[int]], start: int, end: int,
-          after: tuple[list[int], ...], prompt: int, junction: int, last: int = 0, gap: int = 1) -> int:
+          after: tuple[list[int], ...], prompt: int, junction: int, last: int = 0, gap: int = 1,
+          retention: Sequence[int | None] = ()) -> int:
     """The checkpoints of a step from ``start`` to ``end`` (``_taken``, its tables
     ``before`` and ``after`` it, vLLM's ids, 0 the null block's) of a request whose prompt
     has ``prompt`` tokens and whose junction is ``junction``: each one inside a block is
     set to 0 in ``after`` (vLLM notes no whole block there: it holds the state at the
     checkpoint); the one recorded as an entry (at the prompt's last hash boundary or the
     junction, the same in every group), or 0; ``last``: ``prefill_end``; ``gap``: the
-    tokens the prompt's last boundary leaves (1; lookahead hashing's L: ``position``)."""
-    got = 0
+    tokens the prompt's last boundary leaves (1; lookahead hashing's L: ``position``);
+    ``retention``: each group's (none: dense), for one vLLM evicts (groups/checkpoints.py
+    ``evicted``), set to 0 too."""
+    got, tail = 0, sizes.replay_at(prompt, gap)
     for g, c, j in _taken(sizes, sparse, before, start, end, 0, last, gap):
-        if c % sizes.sizes[g]:
+        if retention and evicted(sizes, retention[g], sizes.sizes[g], c, j, tail, (junction,)):
             after[g][j] = 0
-            if c in (sizes.replay_at(prompt, gap), junction):
+        elif c != (j + 1) * sizes.sizes[g]:  # (inside its block, or EAGLE's at one size: entry j - 1's)
+            after[g][j] = 0
+            if c in (tail, junction) or c == j * sizes.sizes[g] and retained(
+                    retention[g] if retention else None, sizes.sizes[g], c):
                 got = c
     return got
 

@@ -273,7 +273,7 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
         # (one size: the one-size manager's int, but with checkpoints: the sized calls)
         sizes = layout.block_size if s.one_size and not s.checkpoints else BlockSizes.of(
             s.sizes, s.hash_size, s.align, peek, s.partial, s.checkpoints, s.checkpoint_alignment or None,
-            eagle and s.partial, shared_prefix and eagle and s.partial)
+            eagle and (s.partial or s.checkpoints), shared_prefix and eagle and s.partial)
         if lookahead and enable_events:
             raise UnsupportedByPrefixKV("prefixkv does not offer KV events with lookahead hashing "
                                         "beside other groups")

@@ -171,14 +171,20 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     bs, key = m.block_size, m._keys.get(request.request_id)  # (bs: the alignment of caching)
     if key is None and hit and m._mamba.defers(request, hit, m.hash_block_size):
         return None
-    unit = 1 if m._mamba.sizes is not None else bs  # (tokens with different sizes, else blocks)
+    unit = 1 if (sizes := m._mamba.sizes) is not None else bs  # (tokens with different sizes, else blocks)
     first = hit // unit if key is None else m.core.num_scheduled_tokens(key) // bs * bs // unit
+    rows = _before(m, key) if sizes is not None and sizes.eagle else ()  # (EAGLE's checkpoints at one size)
+    start = (hit if key is None else m.core.num_scheduled_tokens(key)) if rows else 0
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
         last = m.core.num_scheduled_tokens(key) // bs * bs // unit
         if last > first:
-            offer(m, request, m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0))
+            if rows:
+                now, kept = _checkpointed(m, request, rows, start, m.core.num_scheduled_tokens(key))
+                offer(m, request, m._mamba.note(request, now, first, last, 0), kept)
+            else:
+                offer(m, request, m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0))
     return out
 
 
@@ -201,17 +207,7 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
         if moves or pending:  # (tails moved to a copy, or recorded: offloads.py)
             hand_tails(m, request, key, owned, after)
         if after // h > before // h:
-            now = m.get_block_ids(request.request_id)
-            kept: list[tuple[int, int, int]] = []
-            if rows and (sizes := m._mamba.sizes) is not None:  # (a checkpoint in a block: its entry)
-                sparse = [g in m._mamba.groups for g in range(len(now))]
-                ids, now = now, tuple(list(row) for row in now)
-                c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
-                                      request.shared_prefix_boundary,
-                                      checkpoints.prefill_end(m.retention_interval, request), m._tail_gap)
-                if c:
-                    m._mamba.note_tail(request, c)
-                    kept = inside(m._mamba.groups, ids, now, c)
+            now, kept = _checkpointed(m, request, rows, before, after)
             offer(m, request, m._mamba.note(request, now, before // h * h, after // h * h, 0), kept)
         if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
             m._mamba.note_tail(request, tail)
@@ -219,6 +215,27 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
                 before < request.shared_prefix_boundary == after:
             m._mamba.note_tail(request, after)  # (recorded at the junction: partial.tail)
     return out
+
+
+def _checkpointed(m: KVCacheManager, request: Request, rows: Any, before: int,
+                  after: int) -> tuple[Any, list[tuple[int, int, int]]]:
+    """The request's tables after a step from ``before`` to ``after`` tokens (``rows``:
+    before it, with checkpoints; else empty), with its checkpoints that hold no state at
+    their block's end taken out (``checkpoints.inner``), and those recorded as entries,
+    offered at their position (noted too)."""
+    now = m.get_block_ids(request.request_id)
+    kept: list[tuple[int, int, int]] = []
+    if rows and (sizes := m._mamba.sizes) is not None:  # (a checkpoint in a block: its entry)
+        sparse = [g in m._mamba.groups for g in range(len(now))]
+        ids, now = now, tuple(list(row) for row in now)
+        c = checkpoints.inner(sizes, sparse, rows, before, after, now, request.num_prompt_tokens,
+                              request.shared_prefix_boundary,
+                              checkpoints.prefill_end(m.retention_interval, request), m._tail_gap,
+                              [s.retention for s in m.core.groups] if sizes.eagle else ())
+        if c:
+            m._mamba.note_tail(request, c)
+            kept = inside(m._mamba.groups, ids, now, c)
+    return now, kept
 
 
 def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length: int | None) -> int:

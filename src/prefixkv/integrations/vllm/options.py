@@ -73,9 +73,9 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     none is flagged), never a Mamba group (vLLM's Mamba lookup drops nothing). Raises
     UnsupportedByPrefixKV unless prefixkv finds EAGLE's shortened hits on ``layout`` as
     vLLM does: every group full attention, sliding window or Mamba (vLLM's chunked local
-    attention refuses EAGLE), beside Mamba every group at one block size (without
-    Mamba's checkpoint blocks: vLLM's checkpoint a block below its replay boundary may lie
-    in the entry after its state's), or vLLM's fine-grained partial hits with full
+    attention refuses EAGLE), beside Mamba every group at one block size (with Mamba's
+    checkpoint blocks too: ``BlockSizes.eagle`` then moves them to EAGLE's replay
+    boundary, groups/checkpoints.py), or vLLM's fine-grained partial hits with full
     attention of one block size (the hash block's or larger: groups/partial_eagle.py;
     vLLM moves Mamba's partial entries and checkpoints to EAGLE's replay boundary:
     ``BlockSizes.eagle``), and at most two distinct
@@ -84,11 +84,6 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
     sizes = layout.sizes
-    if sizes.checkpoints and not sizes.partial:  # (at one size: checkpoints.py)
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer EAGLE's shortened hits (use_eagle) beside "
-                                    f"Mamba's chunk-end checkpoint blocks at one block size (vLLM's "
-                                    f"checkpoint a block below its replay boundary may lie in the entry "
-                                    f"after its state's), got {sizes}")
     if "mamba" in kinds and not sizes.one_size and not (
             sizes.partial and len(
                 {b for g, b in zip(layout.groups, sizes.sizes, strict=True) if not g.sparse}) == 1):

@@ -106,11 +106,11 @@ def _beside_eagle(layout: Layout, kinds: set[str]) -> bool:
     keeps a Mamba state there at each segment's end, at EAGLE's replay boundaries, the
     prompt's checkpoint and the junction (groups/eagle_retention.py ``eagle_marks``)."""
     sizes = layout.sizes
-    if sizes.one_size or not all(g.cached for g in layout.groups):
+    if sizes.one_size and not sizes.checkpoints or not all(g.cached for g in layout.groups):
         return False
     if kinds == {FULL, SLIDING}:  # (windows: their tails one block up where they peek: groups/sizes.py)
         return not sizes.partial
     flags = layout.eagle_flags
     flagged = {s for s, f in zip(layout.specs, flags, strict=True) if f}  # (vLLM: a spec's groups alike)
-    return sizes.partial and kinds == {FULL, MAMBA} and (not flagged or all(
+    return (sizes.partial or sizes.checkpoints) and kinds == {FULL, MAMBA} and (not flagged or all(
         s in flagged for g, s in zip(layout.groups, layout.specs, strict=True) if g.kind == MAMBA))
