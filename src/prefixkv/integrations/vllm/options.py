@@ -62,9 +62,9 @@ def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
     partial hits (a Mamba block larger than the hash block), without ``use_eagle``.
     vLLM's hybrid coordinator then leaves multi-module MTP's re-prefillable tokens to
     EAGLE's dropping groups, none: they change no caching."""
-    s = layout.sizes
-    return (not use_eagle and s.partial and s.hash_size >= 2
-            and all(g.kind in ("mamba", "full_attention") for g in layout.groups))
+    s, kinds = layout.sizes, {g.kind for g in layout.groups}
+    return (not use_eagle and (s.partial or s.one_size and "mamba" in kinds) and s.hash_size >= 2
+            and kinds <= {"mamba", "full_attention"})
 
 
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:
