@@ -52,10 +52,11 @@ def one_size_pair(groups: Any, num_blocks: int, lookahead: int, prefill: int, al
 
     init_none_hash(sha256)
     b = groups[0][0]
-    kw = dict(max_model_len=256, scheduler_block_size=b, hash_block_size=b, num_hash_lookahead_tokens=lookahead,
-              num_prefill_lookahead=prefill)
-    return [make(config(*_specs(groups, align), num_blocks=num_blocks, prefix_cache_retention_interval=retention),
-                 **kw) for make in (Theirs, Ours)]
+    kw = dict(max_model_len=256, scheduler_block_size=b, hash_block_size=b,
+              num_hash_lookahead_tokens=lookahead, num_prefill_lookahead=prefill)
+    specs = _specs(groups, align)
+    return [make(config(*specs, num_blocks=num_blocks, prefix_cache_retention_interval=retention), **kw)
+            for make in (Theirs, Ours)]
 
 
 class OneSizeLookaheadSides(LookaheadSides):

@@ -1,8 +1,9 @@
 """vLLM's chunk-end checkpoint blocks in the sized manager (``BlockSizes.checkpoints``,
-with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
-group, no lookahead; beside the Mamba groups' ``retention`` (vLLM's sparse retention)
-only a step reaching ``prefill_end`` checkpoints when it is 0, and a checkpoint ending
-its entry is recorded only where ``BlockSizes.caches`` says.
+with ``partial``, or under lookahead keys at one size: ``_inside``; docs/groups.md
+"Chunk-end checkpoints"): one checkpoint block per Mamba group; beside the Mamba groups'
+``retention`` (vLLM's sparse retention) only a step reaching ``prefill_end`` checkpoints
+when it is 0, and a checkpoint ending its entry is recorded only where
+``BlockSizes.caches`` says.
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
@@ -122,9 +123,8 @@ def record(self: HybridKVCacheManager, req: GroupRequest) -> bool:
         return False
     h, tail = self._hash_size, self.sizes.replay_at(req.num_prompt, self._tail_gap)
     for g, c, j in got[1]:
-        b = self._group_sizes[g]
         x = req.tables[g][j]
-        if c % b == 0 or c != tail and c not in req.marks[1:] or x is None:  # (marks[1:]: the junction)
+        if not _inside(self, req, g, c, j, tail) or x is None:
             continue
         node = req.nodes[c // h - 1]
         if node.lost or self._index.nodes[x.block_id] is node:
@@ -143,7 +143,23 @@ def entries(self: HybridKVCacheManager, req: GroupRequest) -> set[tuple[int, int
     if got is None or got[0] != req.num_scheduled:
         return set()
     tail = self.sizes.replay_at(req.num_prompt, self._tail_gap)
-    return {(g, j) for g, c, j in got[1] if c % self._group_sizes[g] and (c == tail or c in req.marks[1:])}
+    return {(g, j) for g, c, j in got[1] if _inside(self, req, g, c, j, tail)}
+
+
+def _inside(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int, tail: int) -> bool:
+    """Whether checkpoint ``(c, j)`` of group ``g`` is recorded as an entry of the prefix
+    up to ``c`` in block ``j`` (not at ``j``'s end): inside ``j`` at the prompt's last hash
+    boundary ``tail`` or the junction (``marks[1:]``); or, under lookahead keys at one size,
+    ending entry ``j - 1`` (a step ending fewer than L tokens into its last block: vLLM
+    keys block ``j`` at ``c``, ``cache_partial_block``) at ``tail``, the junction or a
+    boundary the group keeps (its ``retention``: ``BlockSizes.caches``; with partial
+    hits not followed: lookahead.md)."""
+    b = self._group_sizes[g]
+    if c % b:
+        return c == tail or c in req.marks[1:]
+    if c != j * b or not self._lookahead or self.sizes.partial:
+        return False
+    return c == tail or c in req.marks[1:] or self.sizes.caches(self.groups[g], g, c, j - 1, req.marks)
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

@@ -55,7 +55,8 @@ def construct(
     if hash_lookahead_tokens and enable_events:
         raise ConfigError("prefixkv's hybrid manager does not offer lookahead keys "
                           "(hash_lookahead_tokens) with events on")
-    if (retains or sizes.checkpoints or not sizes.one_size or hash_lookahead_tokens) and not self._serves_sizes:
+    sized = retains or sizes.checkpoints or not sizes.one_size or hash_lookahead_tokens  # (lookahead.py)
+    if sized and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
         if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)

@@ -91,6 +91,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
             partial.tail(self, req)
         if self._fine:  # (at every caching: a step reaching the boundary passed it)
             partial_full.tail(self, req)
+    elif self._lookahead and sizes.checkpoints:  # (one size: a checkpoint ending the entry before its own)
+        checkpoints.record(self, req)
 
 
 def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence[Block | None],
