@@ -12,7 +12,7 @@ from prefixkv.errors import ConfigError
 
 from .layout import FULL_SPECS, Layout, UnsupportedByPrefixKV
 
-__all__ = ["check_options", "eagle_layout", "lookahead_beside_mamba"]
+__all__ = ["check_options", "eagle_layout", "lookahead_beside_mamba", "lookahead_retention"]
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
@@ -69,6 +69,18 @@ def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
     s, kinds = layout.sizes, {g.kind for g in layout.groups}
     return (not use_eagle and (s.partial or s.one_size and "mamba" in kinds) and s.hash_size >= 2
             and kinds <= {"mamba", "full_attention"})
+
+
+def lookahead_retention(layout: Layout) -> None:
+    """Raises UnsupportedByPrefixKV for lookahead hashing beside Mamba at one block size
+    with a retention interval (``layout`` read with its groups' ``retention``): vLLM then
+    keeps the state where a step ends at the prompt's boundary ``(p - L) // b * b``
+    unless the step checkpoints (its ``_cache_partial_tail_block``), which prefixkv's
+    marks do not follow (docs/lookahead.md, "At one block size")."""
+    if not layout.sizes.partial and any(g.retention is not None for g in layout.groups):
+        raise UnsupportedByPrefixKV("prefixkv does not offer lookahead hashing (num_hash_lookahead_tokens) "
+                                    "beside Mamba at one block size with prefix_cache_retention_interval "
+                                    "set (vLLM keeps the state at the prompt's lookahead boundary)")
 
 
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:
