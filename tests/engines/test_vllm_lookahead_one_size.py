@@ -74,7 +74,7 @@ class OneSizeLookaheadSides(LookaheadSides):
 @pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("layout", list(ONE_SIZE))
 @pytest.mark.parametrize(("lookahead", "prefill"), PAIRS)
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT,
        checkpoints=st.sampled_from([None, (1, None), (2, None)]))
 def test_the_plugin_keys_one_size_mamba_states_with_their_lookahead_as_vllm(layout, lookahead, prefill, small,
