@@ -101,8 +101,28 @@ def test_a_decode_step_that_would_key_a_block_before_its_tokens_is_refused():
 def test_what_lookahead_keys_refuse(options, message):
     with pytest.raises(ConfigError, match=message):
         HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([2, 4], partial=True), **options)
-    with pytest.raises(ConfigError, match="different block sizes"):  # (the one-size manager)
-        HybridKVCacheManager([full_attention(), mamba()], 20, 4, hash_lookahead_tokens=1)
+    with pytest.raises(ConfigError, match="events"):  # (at one size too)
+        HybridKVCacheManager([full_attention(), mamba()], 20, 4, hash_lookahead_tokens=1, enable_events=True)
+
+
+@pytest.mark.parametrize(("lookahead", "prompt", "hits"), [
+    (1, [0, 0, 0, 0, 1, 1, 1, 1, 2, 3], [8, 0, 0, 0]),
+    (2, [0, 0, 0, 0, 1, 1, 1, 1, 2], [4, 4, 4, 0]),
+])
+def test_at_one_size_a_checkpoint_needs_the_tokens_after_it(lookahead, prompt, hits):
+    # full attention and Mamba at 4 (the hash block) with a checkpoint block (served by
+    # the sized calls), the prompt in one step: its checkpoint is at (p - L) // 4 * 4, in
+    # entry cdiv(p, 4) - 2. L = 1, p = 10: at 8, entry 1's own end; L = 2, p = 9: at 4,
+    # entry 0's end held in entry 1's block (vLLM's cache_partial_block at 4). Readers
+    # parting at tokens 9, 8, 6 and 5 hit as vLLM's manager (test_vllm_lookahead_one_size.py)
+    m = HybridKVCacheManager([full_attention(), mamba()], 20, BlockSizes.of([4, 4], checkpoints=True),
+                             hash_mode="sha256", hash_lookahead_tokens=lookahead)
+    m.add_request("0", prompt, num_new_tokens=len(prompt))
+    assert m.get_block_ids("0") == ((1, 2, 3), (0, 4, 5))
+    m.check_invariants()
+    m.free("0")
+    m.check_invariants()
+    assert [m.lookup(prompt[:n] + [9] * 4) for n in (9, 8, 6, 5)] == hits
 
 
 def test_full_attentions_partial_entry_moves_up_as_the_tokens_after_the_prompt_become_known():

@@ -194,7 +194,9 @@ def test_full_attentions_partial_entry_moves_up_as_tokens_after_the_prompt_becom
 @pytest.mark.parametrize(("groups", "hash_size", "kw", "message"), [
     (PARTIAL["full8+mamba16"], 8, {"enable_kv_cache_events": True}, "KV events"),
     (PARTIAL["full8+mamba16"], 8, {"use_eagle": True}, "use_eagle"),
-    (((16, None), (16, "mamba")), 16, {}, "partial hits"),  # (a Mamba block of the hash block's size)
+    (((16, None), (16, "mamba")), 16, {"enable_kv_cache_events": True}, "KV events"),  # (one size: served
+    (((16, None), (16, "mamba")), 16, {"use_eagle": True}, "use_eagle|EAGLE"),  # without: _one_size.py)
+    (((16, None), (16, 32), (16, "mamba")), 16, {}, "lookahead hashing"),  # (a window at one size)
     (((16, None), (16, 32)), 16, {}, "lookahead hashing"),  # (a window)
 ])
 def test_what_lookahead_hashing_beside_mamba_refuses(groups, hash_size, kw, message):

@@ -1,11 +1,13 @@
 """vLLM's chunk-end checkpoint blocks in the sized manager (``BlockSizes.checkpoints``,
-with ``partial``; docs/groups.md "Chunk-end checkpoints"): one checkpoint block per Mamba
-group, no lookahead; beside the Mamba groups' ``retention`` (vLLM's sparse retention)
-only a step reaching ``prefill_end`` checkpoints when it is 0, and a checkpoint ending
-its entry is recorded only where ``BlockSizes.caches`` says. With ``eagle`` at one size
-(``c = e // b * b - b``), a step ending inside a block puts the state ending entry
-``j - 1`` in block ``j``, recorded under that entry (``_kept``); one ending on a block
-whose checkpoint a retention drops keeps none there (``evicted``: vLLM's eviction).
+with ``partial``, or under lookahead keys at one size; docs/groups.md "Chunk-end
+checkpoints"): one checkpoint block per Mamba group; beside the Mamba groups'
+``retention`` (vLLM's sparse retention) only a step reaching ``prefill_end`` checkpoints
+when it is 0, and a checkpoint ending its entry is recorded only where
+``BlockSizes.caches`` says. With ``eagle`` at one size (``c = e // b * b - b``), or under
+lookahead keys at one size (a step ending fewer than L tokens into its last block), a
+step ending inside a block puts the state ending entry ``j - 1`` in block ``j``, recorded
+under that entry (``_kept``); with ``eagle``, one ending on a block whose checkpoint a
+retention drops keeps none there (``evicted``: vLLM's eviction).
 
     tokens        | 0 .. b-1      | b .. 2b-1       | 2b .. 3b-1            |
     Mamba (b)     | null          | checkpoint (j)  | the step's end block  |
@@ -172,13 +174,21 @@ def _kept(self: HybridKVCacheManager, req: GroupRequest, g: int, c: int, j: int,
     """Whether the checkpoint ``(c, j)`` of group ``g`` is recorded as an entry of the
     prefix up to ``c`` (``tail``: the prompt's last replay boundary): one inside its
     block at ``tail`` or the junction (``marks[1:]``); one ending its own block never
-    (``GroupRequest.states`` records it); with ``eagle`` at one size, ``c == j * b``,
-    the state ending entry ``j - 1`` in block ``j`` (vLLM's ``cache_partial_block`` with
-    ``replace_existing_hashes``), at a retention's segment end too (``retained``)."""
+    (``GroupRequest.states`` records it); ``c == j * b``, the state ending entry ``j - 1``
+    in block ``j`` (vLLM's ``cache_partial_block`` with ``replace_existing_hashes``): with
+    ``eagle`` at one size at ``tail``, the junction or a retention's segment end
+    (``retained``); under lookahead keys at one size (partial hits not followed:
+    lookahead.md) at ``tail``, the junction or a boundary the group keeps
+    (``BlockSizes.caches``)."""
     b = self._group_sizes[g]
-    if c == (j + 1) * b:
+    if c % b:
+        return c == tail or c in req.marks[1:]
+    if c != j * b:
         return False
-    return c == tail or c in req.marks[1:] or c == j * b and retained(self.groups[g].retention, b, c)
+    if self._lookahead:
+        return not self.sizes.partial and (
+            c == tail or c in req.marks[1:] or self.sizes.caches(self.groups[g], g, c, j - 1, req.marks))
+    return c == tail or c in req.marks[1:] or retained(self.groups[g].retention, b, c)
 
 
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:

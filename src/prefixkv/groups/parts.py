@@ -55,16 +55,14 @@ def construct(
     if hash_lookahead_tokens and enable_events:
         raise ConfigError("prefixkv's hybrid manager does not offer lookahead keys "
                           "(hash_lookahead_tokens) with events on")
-    if (retains or sizes.checkpoints or not sizes.one_size) and not self._serves_sizes:
+    sized = retains or sizes.checkpoints or not sizes.one_size or hash_lookahead_tokens  # (lookahead.py)
+    if sized and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
         if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
             raise ConfigError(f"{type(self).__name__} serves one block size without a window's "
                               f"retention, got {sizes}")
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
-    if hash_lookahead_tokens and not (retains or not sizes.one_size):
-        raise ConfigError(f"lookahead keys (hash_lookahead_tokens) are served with groups of "
-                          f"different block sizes only (the sized manager), got {sizes}")
     check_flag("enable_events", enable_events, ConfigError)
     check_flag("enable_caching", enable_caching, ConfigError)
     check_positive("max_events", max_events)

@@ -91,7 +91,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
             partial.tail(self, req)
         if self._fine:  # (at every caching: a step reaching the boundary passed it)
             partial_full.tail(self, req)
-    elif sizes.eagle:  # (EAGLE at one size: a checkpoint in the block after its entry's)
+    elif sizes.eagle or self._lookahead and sizes.checkpoints:  # (one size: EAGLE's, or under
+        # lookahead keys, a checkpoint in the block after its entry's)
         checkpoints.record(self, req)
 
 

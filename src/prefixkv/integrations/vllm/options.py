@@ -12,7 +12,7 @@ from prefixkv.errors import ConfigError
 
 from .layout import FULL_SPECS, Layout, UnsupportedByPrefixKV
 
-__all__ = ["check_options", "eagle_layout", "lookahead_beside_mamba"]
+__all__ = ["check_options", "eagle_layout", "lookahead_beside_mamba", "lookahead_retention"]
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
@@ -22,7 +22,8 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
     groups of at most two specs, full attention one of them when two, and Mamba groups
     (vLLM's one-pass hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0) with
     caching on but on one full-attention group whose block is the hash block (2 tokens or
-    more), without ``use_eagle`` (vLLM's scheduler passes it off: lookahead.py),
+    more) or beside Mamba (``lookahead_beside_mamba``), without ``use_eagle`` (vLLM's
+    scheduler passes it off: lookahead.py),
     multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
     > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
     the drafter may prefill them again) but on one full-attention group (as vLLM,
@@ -48,8 +49,9 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv offers lookahead hashing (num_hash_lookahead_tokens="
                                     f"{num_hash_lookahead_tokens}) on one full-attention group whose "
                                     f"block is the hash block, of 2 tokens or more, or beside Mamba "
-                                    f"groups with vLLM's fine-grained partial hits (Mamba and "
-                                    f"full-attention groups only), without use_eagle, only")
+                                    f"groups with vLLM's fine-grained partial hits or at one block "
+                                    f"size (Mamba and full-attention groups only), without use_eagle, "
+                                    f"only")
     if watermark < 0:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
 
@@ -59,12 +61,26 @@ def lookahead_beside_mamba(layout: Layout, use_eagle: bool) -> bool:
     (lookahead.py): full-attention groups (the hash block's size, of 2 tokens or more, or
     larger: their partial tail entry moves up as the request's tokens after its prompt
     become known, groups/partial_full.py) and Mamba groups only, with vLLM's fine-grained
-    partial hits (a Mamba block larger than the hash block), without ``use_eagle``.
+    partial hits (a Mamba block larger than the hash block) or every group at one block
+    size, the hash block's (the sized calls: groups/checkpoints.py ``_inside``), without
+    ``use_eagle``.
     vLLM's hybrid coordinator then leaves multi-module MTP's re-prefillable tokens to
     EAGLE's dropping groups, none: they change no caching."""
-    s = layout.sizes
-    return (not use_eagle and s.partial and s.hash_size >= 2
-            and all(g.kind in ("mamba", "full_attention") for g in layout.groups))
+    s, kinds = layout.sizes, {g.kind for g in layout.groups}
+    return (not use_eagle and (s.partial or s.one_size and "mamba" in kinds) and s.hash_size >= 2
+            and kinds <= {"mamba", "full_attention"})
+
+
+def lookahead_retention(layout: Layout) -> None:
+    """Raises UnsupportedByPrefixKV for lookahead hashing beside Mamba at one block size
+    with a retention interval (``layout`` read with its groups' ``retention``): vLLM then
+    keeps the state where a step ends at the prompt's boundary ``(p - L) // b * b``
+    unless the step checkpoints (its ``_cache_partial_tail_block``), which prefixkv's
+    marks do not follow (docs/lookahead.md, "At one block size")."""
+    if not layout.sizes.partial and any(g.retention is not None for g in layout.groups):
+        raise UnsupportedByPrefixKV("prefixkv does not offer lookahead hashing (num_hash_lookahead_tokens) "
+                                    "beside Mamba at one block size with prefix_cache_retention_interval "
+                                    "set (vLLM keeps the state at the prompt's lookahead boundary)")
 
 
 def eagle_layout(layout: Layout) -> tuple[bool, ...]:

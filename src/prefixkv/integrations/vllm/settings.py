@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from .layout import Layout, read_layout
-from .options import check_options, eagle_layout
+from .options import check_options, eagle_layout, lookahead_retention
 from .retention import read_retention
 
 __all__ = ["Settings", "read_settings"]
@@ -79,6 +79,8 @@ def read_settings(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, 
                   watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                   enable_caching=enable_caching)
     interval, layout = read_retention(kv_cache_config, layout, scheduler_block_size, use_eagle)
+    if num_hash_lookahead_tokens and enable_caching:
+        lookahead_retention(layout)
     retains = any(g.retention is not None for g in layout.groups) or layout.sizes.checkpoints
     cached = tuple(g.cached for g in layout.groups)
     return layout, Settings(
