@@ -73,6 +73,7 @@ class LoadSides(Sides):
             super().do(op, a, b)
             if op == "free":
                 self.loading = {r: e for r, e in self.loading.items() if r in self.reqs[0]}
+                self.short = free_order(self.ms[0]) != free_order(self.ms[1])  # (the run ends: below)
             return
         self.serial += 1
         for m in self.ms:
@@ -128,6 +129,20 @@ class LoadSides(Sides):
                 if type(spec.kv_cache_spec).__name__ == "MambaSpec":
                     b = spec.kv_cache_spec.block_size
                     assert ids[g][-(-end // b) - 1] != 0, (g, end, ids[g])
+
+
+def free_order(m: Any) -> list[int]:
+    """The manager's free list, first taken first (vLLM's linked list; prefixkv's view of
+    it, free_links.py). At one block size beside Mamba and a window, prefixkv frees the
+    blocks no hit can use first (groups/free_order.py), where vLLM frees group by group:
+    the ids later admissions take differ from there on, so a run ends at the first free
+    whose order differs (as test_vllm_mamba_sizes.py's at the first spare)."""
+    q = m.block_pool.free_block_queue
+    out, b = [], q.fake_free_list_head.next_free_block
+    while b is not None and b is not q.fake_free_list_tail:
+        out.append(b.block_id)
+        b = b.next_free_block
+    return out
 
 
 # (loads and landings weighed up: ``one_of`` draws a branch of OP's four as often)
