@@ -32,6 +32,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS  # noqa: E402
+from .test_vllm_free_links import _walk  # noqa: E402
 from .test_vllm_mamba_sizes import OP, Sides  # noqa: E402
 from .test_vllm_sized_model import MAX_LEN, PARTIAL, PROMPT  # noqa: E402
 
@@ -137,12 +138,7 @@ def free_order(m: Any) -> list[int]:
     blocks no hit can use first (groups/free_order.py), where vLLM frees group by group:
     the ids later admissions take differ from there on, so a run ends at the first free
     whose order differs (as test_vllm_mamba_sizes.py's at the first spare)."""
-    q = m.block_pool.free_block_queue
-    out, b = [], q.fake_free_list_head.next_free_block
-    while b is not None and b is not q.fake_free_list_tail:
-        out.append(b.block_id)
-        b = b.next_free_block
-    return out
+    return _walk(m)[0]
 
 
 # (loads and landings weighed up: ``one_of`` draws a branch of OP's four as often)
